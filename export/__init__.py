@@ -1,0 +1,1 @@
+"""Torch side: plain-torch modules with explicit state, checkpoint loading, ONNX export."""

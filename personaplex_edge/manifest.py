@@ -1,0 +1,246 @@
+"""The exported model directory: the one contract between export (torch) and runtime (no torch).
+
+A model directory holds `manifest.json` and the files it names. The manifest records the config,
+every graph file with its sha256, each graph's inputs and outputs (shape, dtype) and its state
+sidecar: every state tensor the runtime must own, with shape, dtype and initial fill value.
+State travels as graph input `past.<name>` and comes back as output `present.<name>`.
+
+The runtime calls `load_model_dir` before it runs anything: a missing file, a hash that disagrees,
+a manifest of another format version or a state spec that disagrees with the graph's own inputs is
+a `ModelDirError` naming the fix, never a crash mid-conversation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from . import __version__
+from .config import PersonaPlexConfig
+from .errors import ConfigError, ModelDirError
+
+FORMAT = "personaplex-edge-model"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+# Remembers which files were hashed at which size and mtime, so a 16 GB model is hashed once,
+# not at every start. Deleting it forces a full check.
+_VERIFIED_STAMP = ".verified.json"
+
+DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TensorSpec":
+        return cls(d["name"], tuple(int(s) for s in d["shape"]), d["dtype"])
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """One state tensor a graph reads and returns; the runtime owns its buffer."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    init: float = 0.0  # the buffer is (re)set by filling it with this value
+
+    @property
+    def input_name(self) -> str:
+        return f"past.{self.name}"
+
+    @property
+    def output_name(self) -> str:
+        return f"present.{self.name}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
+                "init": self.init}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "StateSpec":
+        return cls(d["name"], tuple(int(s) for s in d["shape"]), d["dtype"], float(d["init"]))
+
+
+@dataclass
+class GraphEntry:
+    file: str
+    sha256: str
+    inputs: list[TensorSpec]  # the non-state inputs
+    outputs: list[TensorSpec]  # the non-state outputs
+    state: list[StateSpec] = field(default_factory=list)
+    data_files: dict[str, str] = field(default_factory=dict)  # external data file -> sha256
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "sha256": self.sha256,
+                "inputs": [t.to_dict() for t in self.inputs],
+                "outputs": [t.to_dict() for t in self.outputs],
+                "state": [s.to_dict() for s in self.state],
+                "data_files": dict(self.data_files)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "GraphEntry":
+        return cls(d["file"], d["sha256"], [TensorSpec.from_dict(t) for t in d["inputs"]],
+                   [TensorSpec.from_dict(t) for t in d["outputs"]],
+                   [StateSpec.from_dict(s) for s in d.get("state", [])],
+                   dict(d.get("data_files", {})))
+
+
+@dataclass
+class Manifest:
+    config: PersonaPlexConfig
+    graphs: dict[str, GraphEntry]
+    contents: list[str]  # what the directory can do: "codec", "lm"
+    precision: str = "fp32"
+    backend: str = "onnx"
+    tokenizer: str | None = None
+    voices: str | None = None
+    source: str = ""  # checkpoint it was exported from, for the user's information
+    package_version: str = __version__
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "format_version": FORMAT_VERSION,
+                "package_version": self.package_version, "source": self.source,
+                "contents": list(self.contents), "precision": self.precision,
+                "backend": self.backend, "tokenizer": self.tokenizer, "voices": self.voices,
+                "config": self.config.to_dict(),
+                "graphs": {k: g.to_dict() for k, g in self.graphs.items()}}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str) -> "Manifest":
+        if d.get("format") != FORMAT:
+            raise ModelDirError(f"{where} is not a personaplex-edge model manifest "
+                                f"(format {d.get('format')!r}); export one with "
+                                "'personaplex-edge export'")
+        if d.get("format_version") != FORMAT_VERSION:
+            raise ModelDirError(
+                f"{where} was written by personaplex-edge {d.get('package_version', '?')} in "
+                f"format version {d.get('format_version')}; this is {__version__}, which reads "
+                f"version {FORMAT_VERSION}. Re-export the model with this version.")
+        try:
+            return cls(config=PersonaPlexConfig.from_dict(d["config"], where=f"{where} config"),
+                       graphs={k: GraphEntry.from_dict(g) for k, g in d["graphs"].items()},
+                       contents=list(d["contents"]), precision=d["precision"],
+                       backend=d["backend"], tokenizer=d.get("tokenizer"),
+                       voices=d.get("voices"), source=d.get("source", ""),
+                       package_version=d.get("package_version", "?"))
+        except (KeyError, TypeError, ValueError, ConfigError) as e:
+            raise ModelDirError(f"{where} is malformed ({e}); re-export the model") from e
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _verify_files(model_dir: Path, expected: dict[str, str]) -> None:
+    stamp_path = model_dir / _VERIFIED_STAMP
+    try:
+        stamps = json.loads(stamp_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        stamps = {}
+    changed = False
+    for rel, digest in expected.items():
+        path = model_dir / rel
+        if not path.is_file():
+            raise ModelDirError(f"{model_dir}: '{rel}' named in {MANIFEST} is missing; the "
+                                "directory is incomplete, export it again")
+        st = path.stat()
+        key = [st.st_size, st.st_mtime_ns, digest]
+        if stamps.get(rel) == key:
+            continue
+        actual = sha256_file(path)
+        if actual != digest:
+            raise ModelDirError(
+                f"{model_dir}: '{rel}' does not match its sha256 in {MANIFEST} (expected "
+                f"{digest[:12]}..., found {actual[:12]}...): the file was changed or corrupted; "
+                "export the model again")
+        stamps[rel] = key
+        changed = True
+    if changed:
+        try:
+            _write_text_atomic(stamp_path, json.dumps(stamps))
+        except OSError:
+            pass  # a read-only model directory is fine: it is hashed again next time
+
+
+def load_model_dir(model_dir: str | Path, need: str | None = None) -> Manifest:
+    """Reads and checks a model directory; `need` names a capability it must have."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise ModelDirError(f"model directory {model_dir} does not exist; create one with "
+                            "'personaplex-edge export --checkpoint ... --out DIR'")
+    path = model_dir / MANIFEST
+    if not path.is_file():
+        raise ModelDirError(f"{model_dir} has no {MANIFEST}: it is not an exported model (or "
+                            "its export did not finish); run 'personaplex-edge export' again")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelDirError(f"cannot read {path}: {e}") from e
+    if not isinstance(data, dict):
+        raise ModelDirError(f"{path} is not a personaplex-edge model manifest")
+    manifest = Manifest.from_dict(data, str(path))
+    if need is not None and need not in manifest.contents:
+        raise ModelDirError(f"{model_dir} holds {', '.join(manifest.contents) or 'nothing'}, "
+                            f"not the {need}; export a model that includes it")
+    files: dict[str, str] = {}
+    for g in manifest.graphs.values():
+        files[g.file] = g.sha256
+        files.update(g.data_files)
+    _verify_files(model_dir, files)
+    return manifest
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def staged_dir(final: str | Path) -> Iterator[Path]:
+    """Yields an empty staging directory beside `final`; on success it replaces `final` in one
+    rename, on any failure (Ctrl-C included) it is removed. An interrupted export therefore never
+    leaves a directory that looks complete, nor damages the one it was replacing."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.partial-"))
+    try:
+        yield stage
+        if final.exists():
+            old = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.old-"))
+            os.replace(final, old / final.name)
+            os.replace(stage, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(stage, final)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
+def write_manifest(model_dir: Path, manifest: Manifest) -> None:
+    _write_text_atomic(model_dir / MANIFEST, json.dumps(manifest.to_dict(), indent=2))
