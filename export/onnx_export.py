@@ -1,0 +1,105 @@
+"""One step function -> one ONNX graph with fixed shapes and explicit state.
+
+A step is `fn(*inputs, state) -> (output or tuple of outputs, new_state dict)`. `export_step` flattens it to
+positional tensors (inputs, then `past.<name>` per StateSpec; outputs, then `present.<name>`),
+traces it with fixed shapes, checks the graph with the onnx checker, and returns the manifest
+entry. Graphs over 2 GB keep their weights as external data beside the .onnx file.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Callable, Sequence
+
+import onnx
+import torch
+from torch import nn
+
+from personaplex_edge.manifest import GraphEntry, StateSpec, TensorSpec, sha256_file
+
+OPSET = 17
+_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                 "int64": torch.int64, "int32": torch.int32, "bool": torch.bool}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return _TORCH_DTYPES[name]
+
+
+def initial_state(specs: Sequence[StateSpec]) -> dict[str, torch.Tensor]:
+    return {s.name: torch.full(s.shape, s.init, dtype=torch_dtype(s.dtype)) for s in specs}
+
+
+class _FlatStep(nn.Module):
+    def __init__(self, owner: nn.Module, fn: Callable, n_inputs: int, state: Sequence[StateSpec]):
+        super().__init__()
+        self.owner = owner  # registers the weights so the trace sees parameters, not constants
+        self.fn = fn
+        self.n_inputs = n_inputs
+        self.state = list(state)
+
+    def forward(self, *args):
+        inputs = args[:self.n_inputs]
+        state = {s.name: t for s, t in zip(self.state, args[self.n_inputs:])}
+        outputs, new = self.fn(*inputs, state)
+        if isinstance(outputs, torch.Tensor):
+            outputs = (outputs,)
+        missing = [s.name for s in self.state if s.name not in new]
+        assert not missing, f"step did not return state {missing}"
+        return (*outputs, *[new[s.name] for s in self.state])
+
+
+@torch.no_grad()
+def export_step(owner: nn.Module, fn: Callable, inputs: Sequence[tuple[TensorSpec, torch.Tensor]],
+                outputs: Sequence[str], state: Sequence[StateSpec], path: str | Path,
+                ) -> GraphEntry:
+    """Traces `fn` (a method of `owner`) into `path` and returns its manifest entry.
+
+    `inputs` pairs each non-state input's spec with an example tensor; `outputs` names the
+    non-state outputs in the order `fn` returns them."""
+    path = Path(path)
+    flat = _FlatStep(owner, fn, len(inputs), state).eval()
+    examples = [t for _, t in inputs] + list(initial_state(state).values())
+    input_names = [s.name for s, _ in inputs] + [s.input_name for s in state]
+    output_names = list(outputs) + [s.output_name for s in state]
+    results = flat(*examples)
+    out_specs = [TensorSpec(name, tuple(t.shape), str(t.dtype).removeprefix("torch."))
+                 for name, t in zip(outputs, results[:len(outputs)])]
+    for spec, t in zip(state, results[len(outputs):]):
+        if tuple(t.shape) != spec.shape or str(t.dtype).removeprefix("torch.") != spec.dtype:
+            raise AssertionError(f"state {spec.name}: step returns {tuple(t.shape)} {t.dtype}, "
+                                 f"declared {spec.shape} {spec.dtype}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer warnings about constant shapes are intended
+        torch.onnx.export(flat, tuple(examples), str(path), input_names=input_names,
+                          output_names=output_names, opset_version=OPSET, dynamo=False,
+                          do_constant_folding=True)
+    onnx.checker.check_model(str(path))
+    model = onnx.load(str(path), load_external_data=False)
+    data_files = {}
+    for init in model.graph.initializer:
+        if init.data_location == onnx.TensorProto.EXTERNAL:
+            location = next(e.value for e in init.external_data if e.key == "location")
+            if location not in data_files:
+                data_files[location] = sha256_file(path.parent / location)
+    return GraphEntry(file=path.name, sha256=sha256_file(path),
+                      inputs=[s for s, _ in inputs], outputs=out_specs, state=list(state),
+                      data_files=data_files)
+
+
+def graph_ops(path: str | Path) -> set[str]:
+    """Every op type in a graph (subgraphs included), for the TensorRT op check."""
+    model = onnx.load(str(path), load_external_data=False)
+    ops: set[str] = set()
+
+    def walk(graph):
+        for node in graph.node:
+            ops.add(node.op_type if node.domain in ("", "ai.onnx") else
+                    f"{node.domain}.{node.op_type}")
+            for attr in node.attribute:
+                if attr.g is not None and attr.g.node:
+                    walk(attr.g)
+
+    walk(model.graph)
+    return ops
