@@ -209,11 +209,23 @@ def load_model_dir(model_dir: str | Path, need: str | None = None) -> Manifest:
     return manifest
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def default_mode(directory: bool = False) -> int:
+    """The mode a plain open()/mkdir() would give (tempfile's are owner-only)."""
+    return (0o777 if directory else 0o666) & ~_umask()
+
+
 def _write_text_atomic(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+        os.chmod(tmp, default_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -230,6 +242,7 @@ def staged_dir(final: str | Path) -> Iterator[Path]:
     stage = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.partial-"))
     try:
         yield stage
+        os.chmod(stage, default_mode(directory=True))
         if final.exists():
             old = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.old-"))
             os.replace(final, old / final.name)

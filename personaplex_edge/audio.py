@@ -1,0 +1,85 @@
+"""Audio files in and out: any readable file -> float32 mono at the model rate, and atomic writes.
+
+Reading uses soundfile (libsndfile: wav, flac, ogg, ... in any sample format). Resampling uses
+soxr, the SoX resampler: band-limited, high quality (VHQ here, which is still far faster than
+real time for a whole file), a small wheel with no torch, and it is the same library used for
+streaming device audio, so offline and live paths resample identically.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from .errors import AudioError
+from .manifest import default_mode
+
+MODEL_RATE = 24000  # Hz; Mimi's rate
+
+
+def resample(pcm: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:
+    """pcm [T] float32 at rate_in -> [T'] float32 at rate_out."""
+    if rate_in == rate_out:
+        return pcm.astype(np.float32, copy=False)
+    import soxr
+
+    return soxr.resample(pcm, rate_in, rate_out, quality="VHQ").astype(np.float32, copy=False)
+
+
+def read_audio(path: str | Path, rate: int = MODEL_RATE) -> np.ndarray:
+    """Reads any audio file as float32 mono at `rate` ([T]); channels are averaged.
+
+    An unreadable, empty or non-finite file raises AudioError saying which."""
+    import soundfile as sf
+
+    path = Path(path)
+    if not path.is_file():
+        raise AudioError(f"input audio {path} does not exist")
+    try:
+        data, file_rate = sf.read(str(path), dtype="float32", always_2d=True)  # [T, C]
+    except Exception as e:  # libsndfile's errors are RuntimeError/LibsndfileError
+        raise AudioError(f"cannot read {path} as audio ({e}); give a wav, flac or ogg "
+                         "file") from e
+    if data.shape[0] == 0:
+        raise AudioError(f"{path} holds no audio samples")
+    if not np.isfinite(data).all():
+        bad = int((~np.isfinite(data)).sum())
+        raise AudioError(f"{path} holds {bad} NaN or infinite sample(s); the file is damaged")
+    mono = data.mean(axis=1) if data.shape[1] > 1 else data[:, 0]
+    return resample(mono, int(file_rate), rate)
+
+
+def write_audio(path: str | Path, pcm: np.ndarray, rate: int = MODEL_RATE) -> None:
+    """Writes float32 mono pcm [T] as 16-bit PCM wav, atomically: a reader never sees half a
+    file, and an error leaves no file behind."""
+    import soundfile as sf
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".wav")
+    os.close(fd)
+    try:
+        sf.write(tmp, np.clip(pcm, -1.0, 1.0), rate, subtype="PCM_16", format="WAV")
+        os.chmod(tmp, default_mode())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_array_atomic(path: str | Path, array: np.ndarray) -> None:
+    """np.save, atomically (same guarantees as write_audio)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".npy")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, array)
+        os.chmod(tmp, default_mode())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,151 @@
+"""The `personaplex-edge` command.
+
+Every user-facing failure is a PersonaPlexError: its message is printed alone (no traceback) and
+the exit status is non-zero. Torch is imported only by `export` (and by the first use of a
+built-in model, which is exported on the spot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import __version__
+from .config import PRESETS
+from .errors import ModelDirError, PersonaPlexError
+
+BUILTIN_DIR = Path("models")  # where built-in models are exported on first use (cwd-relative)
+
+
+def _need_export_extra():
+    try:
+        import torch  # noqa: F401
+        import onnx  # noqa: F401
+    except ImportError as e:
+        raise PersonaPlexError(
+            f"exporting needs the export extra ({e.name} is missing): pip install "
+            "'personaplex-edge[export]' (install the torch build you want first)") from None
+    from . import export
+
+    return export
+
+
+def resolve_model(spec: str, progress=print) -> Path:
+    """A model directory, or the name of a built-in model (random weights, exported on first use
+    into models/NAME and reused after)."""
+    path = Path(spec).expanduser()
+    builtin = [name for name in PRESETS if name != "personaplex-7b-v1"]
+    if path.is_dir():
+        return path
+    if spec not in builtin:
+        raise ModelDirError(f"model directory {spec} does not exist; export one with "
+                            "'personaplex-edge export --checkpoint ... --out DIR', or use a "
+                            f"built-in model: {', '.join(builtin)}")
+    target = BUILTIN_DIR / spec
+    if (target / "manifest.json").is_file():
+        return target
+    _need_export_extra()
+    from .config import preset
+    from .export.hub import resolve_checkpoint
+    from .export.model_export import export_model
+    from .export.synthetic import write_synthetic_checkpoint
+
+    progress(f"first use of the built-in '{spec}' model (random weights; it babbles): "
+             f"exporting it to {target}")
+    with tempfile.TemporaryDirectory() as tmp:
+        write_synthetic_checkpoint(preset(spec), tmp)
+        export_model(resolve_checkpoint(tmp, with_lm=False), target, progress=progress)
+    return target
+
+
+def cmd_export(args) -> int:
+    _need_export_extra()
+    from .export.hub import resolve_checkpoint
+    from .export.model_export import export_model
+
+    t0 = time.perf_counter()
+    ckpt = resolve_checkpoint(args.checkpoint, with_lm=False)
+    export_model(ckpt, args.out, precision=args.precision, backend=args.backend,
+                 batch=args.batch)
+    print(f"done in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def cmd_codec(args) -> int:
+    import numpy as np
+
+    from .audio import read_audio, save_array_atomic, write_audio
+    from .runtime.codec import Codec
+
+    if args.codes_out is None and args.output is None:
+        raise PersonaPlexError("nothing to write: give --codes-out and/or --output")
+    codec = Codec.load(resolve_model(args.model), device=args.device, threads=args.threads)
+    pcm = read_audio(args.input, codec.sample_rate)
+    t0 = time.perf_counter()
+    codes = codec.encode(pcm)
+    t_enc = time.perf_counter() - t0
+    frames = codes.shape[0]
+    line = (f"{args.input}: {pcm.shape[0] / codec.sample_rate:.2f} s, {frames} frames; "
+            f"encode {1000 * t_enc / frames:.1f} ms/frame")
+    if args.output is not None:
+        t0 = time.perf_counter()
+        recon = codec.decode(codes)[:pcm.shape[0]]
+        line += f", decode {1000 * (time.perf_counter() - t0) / frames:.1f} ms/frame"
+        write_audio(args.output, recon, codec.sample_rate)
+    if args.codes_out is not None:
+        save_array_atomic(args.codes_out, codes.astype(np.int64))
+    print(line)
+    return 0
+
+
+def _add_runtime_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="where the graphs run (auto: CUDA when onnxruntime-gpu can use it)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="onnxruntime threads (default: PERSONAPLEX_THREADS, else all cores)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="personaplex-edge",
+        description="Run NVIDIA PersonaPlex on your own machine (ONNX / TensorRT, no torch).")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    e = sub.add_parser("export", help="checkpoint (directory or hub repo) -> model directory")
+    e.add_argument("--checkpoint", required=True,
+                   help="checkpoint directory or Hugging Face repo, e.g. nvidia/personaplex-7b-v1")
+    e.add_argument("--out", required=True, help="model directory to write")
+    e.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16", "int8", "int4"])
+    e.add_argument("--backend", default="onnx", choices=["onnx", "tensorrt"])
+    e.add_argument("--batch", type=int, default=1, help="streams per graph call (default 1)")
+    e.set_defaults(func=cmd_export)
+
+    c = sub.add_parser("codec", help="encode a file to Mimi codes and decode it back")
+    c.add_argument("--model", required=True,
+                   help="model directory, or a built-in model name (tiny)")
+    c.add_argument("--input", required=True, help="audio file (any rate, mono or stereo)")
+    c.add_argument("--codes-out", help="write codes here as int64 .npy [frames, 8]")
+    c.add_argument("--output", help="write the reconstruction here (24 kHz mono wav)")
+    _add_runtime_args(c)
+    c.set_defaults(func=cmd_codec)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except PersonaPlexError as e:
+        print(f"personaplex-edge: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("personaplex-edge: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

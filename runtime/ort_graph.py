@@ -1,0 +1,177 @@
+"""One exported graph on onnxruntime, with its state owned by the runtime and bound once.
+
+Every input, output and state buffer is allocated when the graph is loaded, on the backend's
+device, and bound with IO binding. State ping-pongs between two buffer sets: call n reads set A
+(`past.*`) and writes set B (`present.*`), call n+1 the reverse, so no state is copied or
+allocated per frame and the graph never reads a buffer it is writing. Per call only the small
+inputs are copied in (`np.copyto` into a bound host buffer, or one host-to-device copy) and the
+small outputs read back.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from personaplex_edge.errors import ModelDirError, StateError
+from personaplex_edge.manifest import GraphEntry
+
+_NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64,
+              "int32": np.int32, "bool": np.bool_}
+_ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16",
+              "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(bool)": "bool"}
+
+
+def default_threads() -> int:
+    """Intra-op threads: PERSONAPLEX_THREADS, else every core onnxruntime would use."""
+    value = os.environ.get("PERSONAPLEX_THREADS")
+    return int(value) if value else 0  # 0 lets onnxruntime pick (one per physical core)
+
+
+def choose_providers(device: str = "auto") -> list[str]:
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    if device == "cpu":
+        return ["CPUExecutionProvider"]
+    if device == "cuda":
+        if "CUDAExecutionProvider" not in available:
+            raise ModelDirError("--device cuda needs onnxruntime-gpu with a working CUDA "
+                                "(pip install 'personaplex-edge[gpu]'); this onnxruntime offers "
+                                + ", ".join(available))
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    if device != "auto":
+        raise ModelDirError(f"unknown device {device!r}; use auto, cpu or cuda")
+    if "CUDAExecutionProvider" in available:
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+class OrtGraph:
+    """A graph with bound buffers. `inputs`/`outputs` are host arrays: write the former, call
+    `run()`, read the latter (valid until the next run)."""
+
+    def __init__(self, model_dir: str | Path, entry: GraphEntry,
+                 providers: Sequence[str] = ("CPUExecutionProvider",), threads: int | None = None):
+        import onnxruntime as ort
+
+        self.entry = entry
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = default_threads() if threads is None else threads
+        opts.inter_op_num_threads = 1
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.log_severity_level = 3
+        path = Path(model_dir) / entry.file
+        try:
+            self.session = ort.InferenceSession(str(path), opts, providers=list(providers))
+        except Exception as e:
+            raise ModelDirError(f"onnxruntime cannot load {path}: {e}") from e
+        self._check_signature()
+        self.device = "cuda" if self.session.get_providers()[0] == "CUDAExecutionProvider" \
+            else "cpu"
+
+        # host-side buffers for the per-call inputs and outputs
+        self.inputs = {t.name: np.zeros(t.shape, _NP_DTYPES[t.dtype]) for t in entry.inputs}
+        self.outputs = {t.name: np.zeros(t.shape, _NP_DTYPES[t.dtype]) for t in entry.outputs}
+        self._dev_inputs = {n: self._device_value(a) for n, a in self.inputs.items()}
+        self._dev_outputs = {n: self._device_value(a) for n, a in self.outputs.items()}
+        # two state sets, ping-pong
+        self._state = [{s.name: self._device_value(np.full(s.shape, s.init, _NP_DTYPES[s.dtype]))
+                        for s in entry.state} for _ in range(2)]
+        self._bindings = [self._bind(read=i, write=1 - i) for i in range(2)]
+        self._turn = 0
+
+    # -- setup --------------------------------------------------------------------------------
+    def _check_signature(self) -> None:
+        """The graph's real inputs/outputs must be exactly what the manifest promises."""
+        want_in = {t.name: (t.shape, t.dtype) for t in self.entry.inputs}
+        want_out = {t.name: (t.shape, t.dtype) for t in self.entry.outputs}
+        for s in self.entry.state:
+            want_in[s.input_name] = (s.shape, s.dtype)
+            want_out[s.output_name] = (s.shape, s.dtype)
+        have_in = {a.name: (tuple(a.shape), _ORT_TYPES.get(a.type, a.type))
+                   for a in self.session.get_inputs()}
+        have_out = {a.name: (tuple(a.shape), _ORT_TYPES.get(a.type, a.type))
+                    for a in self.session.get_outputs()}
+        for kind, want, have in (("input", want_in, have_in), ("output", want_out, have_out)):
+            problems = [f"{kind} {n}: manifest {want.get(n)}, graph {have.get(n)}"
+                        for n in sorted(set(want) | set(have)) if want.get(n) != have.get(n)]
+            if problems:
+                raise ModelDirError(f"{self.entry.file} disagrees with the manifest; re-export "
+                                    "the model:\n  " + "\n  ".join(problems[:10]))
+
+    def _device_value(self, host: np.ndarray):
+        import onnxruntime as ort
+
+        if getattr(self, "device", "cpu") == "cpu":
+            return ort.OrtValue.ortvalue_from_numpy(host)  # shares host memory
+        return ort.OrtValue.ortvalue_from_numpy(host, "cuda", 0)
+
+    def _bind(self, read: int, write: int):
+        binding = self.session.io_binding()
+        for name, value in self._dev_inputs.items():
+            binding.bind_ortvalue_input(name, value)
+        for name, value in self._dev_outputs.items():
+            binding.bind_ortvalue_output(name, value)
+        for s in self.entry.state:
+            binding.bind_ortvalue_input(s.input_name, self._state[read][s.name])
+            binding.bind_ortvalue_output(s.output_name, self._state[write][s.name])
+        return binding
+
+    # -- per call -------------------------------------------------------------------------------
+    def run(self) -> dict[str, np.ndarray]:
+        if self.device != "cpu":
+            for name, host in self.inputs.items():
+                self._dev_inputs[name].update_inplace(host)
+        self.session.run_with_iobinding(self._bindings[self._turn])
+        self._turn = 1 - self._turn
+        if self.device != "cpu":
+            for name, value in self._dev_outputs.items():
+                np.copyto(self.outputs[name], value.numpy())
+        return self.outputs
+
+    def reset(self) -> None:
+        """Back to the initial state (the manifest's init values), in place."""
+        for s in self.entry.state:
+            value = self._state[self._turn][s.name]
+            if self.device == "cpu":
+                value.numpy()[...] = s.init
+            else:
+                value.update_inplace(np.full(s.shape, s.init, _NP_DTYPES[s.dtype]))
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The current state as host arrays (a copy; for inspection and tests)."""
+        return {n: v.numpy().copy() for n, v in self._state[self._turn].items()}
+
+    def set_state(self, arrays: dict[str, np.ndarray]) -> None:
+        """Replaces the whole state (e.g. one saved with `state()`), checking every tensor."""
+        specs = {s.name: s for s in self.entry.state}
+        missing = sorted(set(specs) - set(arrays))
+        unknown = sorted(set(arrays) - set(specs))
+        if missing or unknown:
+            raise StateError(f"{self.entry.file}: state is missing {missing or 'nothing'} and "
+                             f"has unknown {unknown or 'nothing'}")
+        for name, spec in specs.items():
+            a = np.asarray(arrays[name])
+            if a.shape != spec.shape or a.dtype != _NP_DTYPES[spec.dtype]:
+                raise StateError(f"{self.entry.file}: state '{name}' must be {spec.dtype} "
+                                 f"{list(spec.shape)}, got {a.dtype} {list(a.shape)}")
+        for name, a in arrays.items():
+            value = self._state[self._turn][name]
+            if self.device == "cpu":
+                np.copyto(value.numpy(), a)
+            else:
+                value.update_inplace(np.ascontiguousarray(a))
+
+    def set_input(self, name: str, value: np.ndarray) -> None:
+        target = self.inputs.get(name)
+        if target is None:
+            raise StateError(f"{self.entry.file} has no input '{name}'; it takes "
+                             + ", ".join(self.inputs))
+        if value.shape != target.shape:
+            raise StateError(f"{self.entry.file} input '{name}' must have shape "
+                             f"{list(target.shape)}, got {list(value.shape)}")
+        np.copyto(target, value, casting="same_kind")
