@@ -24,9 +24,9 @@ def sample_top_k(logits: torch.Tensor, noise: torch.Tensor, temperature: torch.T
                  top_k: torch.Tensor) -> torch.Tensor:
     """logits [B, V] float32, noise [B, K_max], temperature [B] float32, top_k [B] int64
     -> tokens [B] int64."""
-    k_max = noise.shape[-1]
-    if k_max > logits.shape[-1]:
-        raise ValueError(f"K_max {k_max} exceeds the vocabulary ({logits.shape[-1]})")
+    k_max, vocab = int(noise.shape[-1]), int(logits.shape[-1])  # static at export
+    if k_max > vocab:
+        raise ValueError(f"K_max {k_max} exceeds the vocabulary ({vocab})")
     scaled = logits / temperature.clamp(min=MIN_TEMPERATURE)[:, None]  # [B, V]
     best, index = torch.topk(scaled, k_max, dim=-1)  # [B, K_max] each, best first
     limit = torch.where(top_k > 0, top_k.clamp(max=k_max), torch.full_like(top_k, k_max))
