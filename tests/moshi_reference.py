@@ -62,15 +62,20 @@ def reference_mimi(cfg: PersonaPlexMimiConfig, seed: int = 0):
                 buf.copy_(torch.rand(buf.shape, generator=gen) * 1.5 + 0.5)
             elif name.endswith("_initialized"):
                 buf.fill_(1.0)
-        # centroids at the scale of the latents they quantize, so that codes spread out
-        probe = torch.randn(1, 1, 8 * cfg.frame_size, generator=gen) * 0.3
+        # Centroids drawn around the latents they quantize, level by level (like a k-means
+        # initialisation), so that every codebook's codes spread out.
+        probe = torch.randn(1, 1, 48 * cfg.frame_size, generator=gen)
+        probe *= torch.linspace(0.02, 0.6, probe.shape[-1])
         latent = model._encode_to_unquantized_latent(probe)
         for rvq in (model.quantizer.rvq_first, model.quantizer.rvq_rest):
-            scale = rvq.input_proj(latent).std().item()
+            residual = rvq.input_proj(latent).transpose(1, 2).reshape(-1, rvq.dimension)
             for layer in rvq.vq.layers:
                 book = layer._codebook
-                book.embedding_sum.mul_(scale * book.cluster_usage[:, None])
+                mean, std = residual.mean(0), residual.std(0)
+                centroids = mean + std * torch.randn(book.embedding_sum.shape, generator=gen)
+                book.embedding_sum.copy_(centroids * book.cluster_usage[:, None])
                 book.register_buffer("_embedding", None, persistent=False)
+                residual = residual - book.decode(book.encode(residual))
     return model.eval()
 
 

@@ -1,0 +1,54 @@
+"""Shared fixtures: the tiny reference Mimi, its checkpoint in the published layout, and the model
+directory exported from it (built once per test session)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("NO_TORCH_COMPILE", "1")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from personaplex_edge.config import preset  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_cfg():
+    return preset("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_mimi_ref(tiny_cfg):
+    from moshi_reference import reference_mimi
+
+    return reference_mimi(tiny_cfg.mimi, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_codec_checkpoint(tmp_path_factory, tiny_cfg, tiny_mimi_ref) -> Path:
+    """A checkpoint directory holding only the Mimi file and a config.json, as published."""
+    import json
+
+    from moshi_reference import save_published
+
+    from personaplex_edge.export.hub import CONFIG_FILE, MIMI_FILE
+
+    root = tmp_path_factory.mktemp("tiny_ckpt")
+    save_published(tiny_mimi_ref, root / MIMI_FILE)
+    (root / CONFIG_FILE).write_text(json.dumps(
+        {"model_type": "personaplex", "version": "7b-v1", "mimi": tiny_cfg.to_dict()["mimi"],
+         "helium": tiny_cfg.to_dict()["helium"], "depformer": tiny_cfg.to_dict()["depformer"]}))
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_codec_dir(tmp_path_factory, tiny_codec_checkpoint) -> Path:
+    from personaplex_edge.export.hub import resolve_checkpoint
+    from personaplex_edge.export.model_export import export_model
+
+    out = tmp_path_factory.mktemp("tiny_model") / "model"
+    export_model(resolve_checkpoint(str(tiny_codec_checkpoint), with_lm=False), out,
+                 progress=lambda s: None)
+    return out
