@@ -25,3 +25,7 @@ class AudioError(PersonaPlexError):
 
 class StateError(PersonaPlexError):
     """A state buffer fed to a graph with the wrong name, shape or dtype."""
+
+
+class AudioDeviceError(PersonaPlexError):
+    """A sound device that does not exist, cannot be opened, or vanished mid-session."""
