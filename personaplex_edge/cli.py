@@ -101,6 +101,13 @@ def cmd_codec(args) -> int:
     return 0
 
 
+def cmd_devices(args) -> int:
+    from .runtime.sound import list_devices
+
+    print(list_devices())
+    return 0
+
+
 def _add_runtime_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="where the graphs run (auto: CUDA when onnxruntime-gpu can use it)")
@@ -132,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--output", help="write the reconstruction here (24 kHz mono wav)")
     _add_runtime_args(c)
     c.set_defaults(func=cmd_codec)
+
+    d = sub.add_parser("devices", help="list sound devices (for --input-device/--output-device)")
+    d.set_defaults(func=cmd_devices)
     return p
 
 
