@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from personaplex_edge.config import PersonaPlexConfig
+from personaplex_edge.errors import PersonaPlexError
 from personaplex_edge.manifest import GraphEntry, TensorSpec
 from personaplex_edge.streams import NUM_STREAMS, gumbel_noise
 
@@ -39,7 +40,7 @@ from .sampling import DEFAULT_K_MAX
 Shapes = dict[str, tuple[int, ...]]
 
 
-class ExportMismatch(RuntimeError):
+class ExportMismatch(PersonaPlexError):
     """An exported graph that does not compute what its torch module computes."""
 
 

@@ -6,8 +6,6 @@ personaplex_edge.streams.TokenRing, so the schedule is tested along with the mod
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 import torch
@@ -267,9 +265,13 @@ def test_export_entries_describe_the_graphs(bundle):
     assert (graph_dir / helium.file).is_file() and (graph_dir / dep.file).is_file()
 
 
-def test_inactive_depformer_steps_are_not_built(modules):
+def test_inactive_depformer_steps_are_not_built(bundle, modules):
     _, depformer = modules
-    assert depformer.steps == 8 and len(depformer.linears) == 8
-    assert len(depformer.layers[0].in_projs) == 8
-    cfg = dataclasses.replace(preset("tiny"))
-    assert cfg.depformer.dep_q == 16
+    assert bundle.cfg.depformer.dep_q == 16  # the checkpoint holds 16 steps ...
+    assert depformer.steps == 8 and len(depformer.linears) == 8  # ... 8 are built
+    assert len(depformer.layers[0].in_projs) == 8 and len(depformer.audio_emb) == 7
+    # step 7's slice of the packed weights is the 8th block of rows, not another one
+    dim = bundle.cfg.depformer.hidden_size
+    packed = bundle.ref.depformer.layers[0].self_attn.in_projs[7].weight
+    torch.testing.assert_close(depformer.layers[0].in_projs[7].weight, packed, rtol=0, atol=0)
+    assert depformer.layers[0].in_projs[7].weight.shape == (3 * dim, dim)
