@@ -27,21 +27,16 @@ import numpy as np
 import torch
 
 from personaplex_edge.config import PersonaPlexConfig
-from personaplex_edge.errors import PersonaPlexError
 from personaplex_edge.manifest import GraphEntry, TensorSpec
 from personaplex_edge.streams import NUM_STREAMS, gumbel_noise
 
 from .checkpoint import TensorFile, check_tensors
 from .depformer import Depformer, check_depformer_config
 from .helium import Helium
-from .onnx_export import export_step
+from .onnx_export import export_step, verify_step
 from .sampling import DEFAULT_K_MAX
 
 Shapes = dict[str, tuple[int, ...]]
-
-
-class ExportMismatch(PersonaPlexError):
-    """An exported graph that does not compute what its torch module computes."""
 
 
 # ---- checkpoint layout ---------------------------------------------------------------------------
@@ -213,30 +208,6 @@ def example_inputs(specs: list[TensorSpec], cfg: PersonaPlexConfig, seed: int = 
     return out
 
 
-def _verify(path: Path, fn, inputs: dict[str, np.ndarray], names: list[str],
-            atol: float = 1e-4) -> None:
-    """Runs the graph once in onnxruntime and compares every output with the torch step."""
-    import onnxruntime as ort
-
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    got = sess.run(names, inputs)
-    with torch.no_grad():
-        want = fn(*[torch.from_numpy(v) for v in inputs.values()])
-    want = [want] if isinstance(want, torch.Tensor) else list(want)
-    for name, g, w in zip(names, got, want):
-        w = w.numpy()
-        if g.shape != w.shape or g.dtype != w.dtype:
-            raise ExportMismatch(f"{path.name}: output {name} is {g.shape} {g.dtype} in "
-                                 f"onnxruntime, {w.shape} {w.dtype} in torch")
-        if np.issubdtype(w.dtype, np.integer):
-            bad = not np.array_equal(g, w)
-        else:
-            bad = not np.allclose(g, w, atol=atol, rtol=1e-4)
-        if bad:
-            raise ExportMismatch(f"{path.name}: output {name} differs between onnxruntime and "
-                                 f"torch (max abs diff {np.abs(g.astype(np.float64) - w).max()})")
-
-
 def export_lm_graphs(cfg: PersonaPlexConfig, checkpoint_path: str | Path, out_dir: str | Path,
                      batch: int = 1, k_max: int = DEFAULT_K_MAX, verify: bool = True,
                      ) -> dict[str, GraphEntry]:
@@ -253,9 +224,10 @@ def export_lm_graphs(cfg: PersonaPlexConfig, checkpoint_path: str | Path, out_di
     for name, owner, fn, specs, outputs in jobs:
         examples = example_inputs(specs, cfg)
         path = out_dir / f"{name}.onnx"
+        step = (lambda *args, _fn=fn: (_fn(*args[:-1]), {}))  # no StateSpec state
         entries[name] = export_step(
-            owner, lambda *args, _fn=fn: (_fn(*args[:-1]), {}),  # no StateSpec state
-            [(s, torch.from_numpy(examples[s.name])) for s in specs], outputs, [], path)
+            owner, step, [(s, torch.from_numpy(examples[s.name])) for s in specs], outputs, [],
+            path)
         if verify:
-            _verify(path, fn, examples, outputs)
+            verify_step(path, step, examples, outputs)
     return entries

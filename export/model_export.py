@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import torch
 
 from personaplex_edge.errors import PersonaPlexError
@@ -17,44 +16,11 @@ from personaplex_edge.manifest import (GraphEntry, Manifest, TensorSpec, staged_
 
 from .hub import CheckpointFiles
 from .mimi import Mimi, load_mimi
-from .onnx_export import export_step, initial_state
+from .onnx_export import export_step, verify_step
 
 Progress = Callable[[str], None]
 PRECISIONS = ("fp32",)
 BACKENDS = ("onnx",)
-
-
-class ExportCheckError(PersonaPlexError):
-    """An exported graph that does not compute what its torch module computes."""
-
-
-def _check_against_torch(model_dir: Path, entry: GraphEntry, step, inputs: dict[str, torch.Tensor],
-                         frames: int = 3, atol: float = 1e-4) -> None:
-    """Runs graph and module side by side for a few frames from the initial state."""
-    import onnxruntime as ort
-
-    sess = ort.InferenceSession(str(model_dir / entry.file), providers=["CPUExecutionProvider"])
-    state_t = initial_state(entry.state)
-    state_n = {s.input_name: v.numpy() for s, v in zip(entry.state, state_t.values())}
-    for frame in range(frames):
-        with torch.no_grad():
-            outs, new = step(*inputs.values(), state_t)
-        outs = (outs,) if isinstance(outs, torch.Tensor) else outs
-        state_t.update(new)
-        feed = {name: t.numpy() for name, t in inputs.items()} | state_n
-        results = sess.run(None, feed)
-        for spec, want, got in zip(entry.outputs, outs, results):
-            if want.dtype.is_floating_point:
-                err = float(np.max(np.abs(want.numpy() - got)))
-                ok = err <= atol
-            else:
-                ok = bool(np.array_equal(want.numpy(), got))
-                err = 0.0 if ok else float("nan")
-            if not ok:
-                raise ExportCheckError(f"{entry.file}: output {spec.name} differs from the torch "
-                                       f"module at frame {frame} (max error {err:.3g})")
-        names = [o.name for o in sess.get_outputs()]
-        state_n = {s.input_name: results[names.index(s.output_name)] for s in entry.state}
 
 
 def export_codec(mimi: Mimi, out: Path, batch: int, progress: Progress) -> dict[str, GraphEntry]:
@@ -70,7 +36,8 @@ def export_codec(mimi: Mimi, out: Path, batch: int, progress: Progress) -> dict[
              codes, "pcm", mimi.decoder_state(batch))):
         t0 = time.perf_counter()
         entry = export_step(mimi, step, [(spec, example)], [output], state, out / f"{name}.onnx")
-        _check_against_torch(out, entry, step, {spec.name: example})
+        verify_step(out / entry.file, step, {spec.name: example.numpy()}, [output], state,
+                    frames=3)
         progress(f"  {name}.onnx: {len(state)} state tensors, checked against torch "
                  f"({time.perf_counter() - t0:.1f} s)")
         graphs[name] = entry

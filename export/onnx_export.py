@@ -12,10 +12,12 @@ import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
+import numpy as np
 import onnx
 import torch
 from torch import nn
 
+from personaplex_edge.errors import PersonaPlexError
 from personaplex_edge.manifest import GraphEntry, StateSpec, TensorSpec, sha256_file
 
 OPSET = 17
@@ -86,6 +88,45 @@ def export_step(owner: nn.Module, fn: Callable, inputs: Sequence[tuple[TensorSpe
     return GraphEntry(file=path.name, sha256=sha256_file(path),
                       inputs=[s for s, _ in inputs], outputs=out_specs, state=list(state),
                       data_files=data_files)
+
+
+class ExportMismatch(PersonaPlexError):
+    """An exported graph that does not compute what its torch module computes."""
+
+
+@torch.no_grad()
+def verify_step(path: str | Path, fn: Callable, inputs: dict[str, np.ndarray],
+                outputs: Sequence[str], state: Sequence[StateSpec] = (), frames: int = 1,
+                atol: float = 1e-4) -> None:
+    """Runs the graph in onnxruntime beside its step function (`fn(*inputs, state) ->
+    (outputs, new_state)`, as given to export_step) for `frames` calls from the initial state,
+    feeding each its own state back; raises ExportMismatch on the first output that differs."""
+    import onnxruntime as ort
+
+    path = Path(path)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    state_t = initial_state(state)
+    state_n = {s.input_name: v.numpy() for s, v in zip(state, state_t.values())}
+    names = list(outputs) + [s.output_name for s in state]
+    for frame in range(frames):
+        want, new = fn(*[torch.from_numpy(v) for v in inputs.values()], state_t)
+        want = [want] if isinstance(want, torch.Tensor) else list(want)
+        state_t.update(new)
+        got = sess.run(names, {**inputs, **state_n})
+        for name, g, w in zip(outputs, got, want):
+            w = w.numpy()
+            if g.shape != w.shape or g.dtype != w.dtype:
+                raise ExportMismatch(f"{path.name}: output {name} is {g.shape} {g.dtype} in "
+                                     f"onnxruntime, {w.shape} {w.dtype} in torch")
+            if np.issubdtype(w.dtype, np.integer):
+                bad = not np.array_equal(g, w)
+            else:
+                bad = not np.allclose(g, w, atol=atol, rtol=1e-4)
+            if bad:
+                diff = np.abs(g.astype(np.float64) - w).max()
+                raise ExportMismatch(f"{path.name}: output {name} differs between onnxruntime "
+                                     f"and torch at call {frame} (max abs diff {diff:.3g})")
+        state_n = {s.input_name: v for s, v in zip(state, got[len(outputs):])}
 
 
 def graph_ops(path: str | Path) -> set[str]:

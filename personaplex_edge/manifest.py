@@ -76,6 +76,32 @@ class StateSpec:
         return cls(d["name"], tuple(int(s) for s in d["shape"]), d["dtype"], float(d["init"]))
 
 
+@dataclass(frozen=True)
+class RingSpec:
+    """A KV ring the runtime owns: the graph reads all of it (`input_name`, shape [B, H, T, Dh])
+    and returns only the step's new rows (`output_name`, [B, H, 1, Dh]), which the runtime
+    writes in place at slot position % T along `axis`. Nothing is copied but the new rows."""
+
+    input_name: str
+    output_name: str
+    shape: tuple[int, ...]
+    dtype: str
+    axis: int = 2
+
+    @property
+    def capacity(self) -> int:
+        return self.shape[self.axis]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"input": self.input_name, "output": self.output_name, "shape": list(self.shape),
+                "dtype": self.dtype, "axis": self.axis}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RingSpec":
+        return cls(d["input"], d["output"], tuple(int(s) for s in d["shape"]), d["dtype"],
+                   int(d.get("axis", 2)))
+
+
 @dataclass
 class GraphEntry:
     file: str
@@ -84,12 +110,14 @@ class GraphEntry:
     outputs: list[TensorSpec]  # the non-state outputs
     state: list[StateSpec] = field(default_factory=list)
     data_files: dict[str, str] = field(default_factory=dict)  # external data file -> sha256
+    rings: list[RingSpec] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"file": self.file, "sha256": self.sha256,
                 "inputs": [t.to_dict() for t in self.inputs],
                 "outputs": [t.to_dict() for t in self.outputs],
                 "state": [s.to_dict() for s in self.state],
+                "rings": [r.to_dict() for r in self.rings],
                 "data_files": dict(self.data_files)}
 
     @classmethod
@@ -97,7 +125,25 @@ class GraphEntry:
         return cls(d["file"], d["sha256"], [TensorSpec.from_dict(t) for t in d["inputs"]],
                    [TensorSpec.from_dict(t) for t in d["outputs"]],
                    [StateSpec.from_dict(s) for s in d.get("state", [])],
-                   dict(d.get("data_files", {})))
+                   dict(d.get("data_files", {})),
+                   [RingSpec.from_dict(r) for r in d.get("rings", [])])
+
+    def split_rings(self) -> "GraphEntry":
+        """Moves KV ring inputs (`past_key_values.N.*`) and their row outputs (`present.N.*`)
+        out of inputs/outputs into `rings`."""
+        rings, inputs = [], []
+        outputs = {t.name: t for t in self.outputs}
+        for t in self.inputs:
+            if t.name.startswith("past_key_values."):
+                row = "present." + t.name.removeprefix("past_key_values.")
+                if row not in outputs:
+                    raise ValueError(f"{self.file}: ring {t.name} has no output {row}")
+                rings.append(RingSpec(t.name, row, t.shape, t.dtype))
+                outputs.pop(row)
+            else:
+                inputs.append(t)
+        return GraphEntry(self.file, self.sha256, inputs, list(outputs.values()), self.state,
+                          self.data_files, rings)
 
 
 @dataclass

@@ -5,9 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    # libsndfile for soundfile (its wheel bundles one; this covers platforms without a wheel)
+    # libsndfile for soundfile (its wheel bundles one; this covers platforms without a wheel);
+    # PortAudio for sounddevice; PulseAudio (a null sink and its monitor) for the live-audio test
     missing=""
-    for pkg in libsndfile1; do
+    for pkg in libsndfile1 libportaudio2 pulseaudio pulseaudio-utils libasound2-plugins; do
         dpkg -s "$pkg" >/dev/null 2>&1 || missing="$missing $pkg"
     done
     if [ -n "$missing" ]; then
@@ -22,7 +23,7 @@ PYTHON=${PYTHON:-python3}
 python -m pip install -q --upgrade pip
 # The CPU build of torch; a plain `torch` requirement would pull a multi-GB CUDA build.
 python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[export,dev]"
+python -m pip install -q -e ".[export,dev,audio]"
 # The test reference. It pins torch<2.10, so it goes in without its dependencies (the light
 # ones are in the dev extra).
 python -m pip install -q --no-deps "moshi==0.2.13"

@@ -1,0 +1,186 @@
+"""One conversation over the four graphs: `step(pcm_frame) -> (pcm_frame, text_token)`.
+
+Per 80 ms frame (Moshi's own schedule, see personaplex_edge.streams.TokenRing):
+
+    encode      Mimi encoder: the user's 1920 samples -> 8 codes, written to the token ring
+    temporal    Helium step on the complete column -> text token, hidden, new K/V rows
+                (written in place into the KV rings at slot position % context)
+    depformer   hidden + text token -> the agent's 8 codes
+    decode      Mimi decoder: the newest complete agent frame -> 1920 samples
+
+The model (graphs, weights) is read-only; the session owns every buffer that changes: Mimi
+state, KV rings, the token ring, sampling noise. All are allocated once; per frame only tokens
+and samples cross between host and graphs. The first frame answers silence: the agent's first
+audio frame is complete one step later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from personaplex_edge.errors import PersonaPlexError
+from personaplex_edge.manifest import Manifest, load_model_dir
+from personaplex_edge.streams import TEXT_STREAM, TokenRing
+
+from .codec import Codec
+from .metrics import FrameMetrics
+from .ort_graph import OrtGraph, choose_providers
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """The reference's defaults. Runtime inputs of the graphs: no re-export to change them."""
+
+    temp: float = 0.8  # audio
+    temp_text: float = 0.7
+    top_k: int = 250  # audio
+    top_k_text: int = 25
+    greedy: bool = False
+    seed: int | None = None
+
+    def check(self, k_max_text: int, k_max_audio: int) -> None:
+        for name, k, k_max in (("top-k-text", self.top_k_text, k_max_text),
+                               ("top-k", self.top_k, k_max_audio)):
+            if not 1 <= k <= k_max:
+                raise PersonaPlexError(f"--{name} {k} is outside 1..{k_max} (the largest top-k "
+                                       "this model was exported with)")
+        for name, t in (("temp-text", self.temp_text), ("temp", self.temp)):
+            if not t > 0:
+                raise PersonaPlexError(f"--{name} must be above 0 (use --greedy for argmax)")
+
+
+class _Gumbel:
+    """Fills a bound noise buffer with Gumbel samples in place (no allocation per frame)."""
+
+    def __init__(self, target: np.ndarray, rng: np.random.Generator):
+        self.target = target
+        self.rng = rng
+        self._u = np.empty(target.shape, np.float64)
+
+    def fill(self) -> None:
+        u = self._u
+        self.rng.random(out=u)
+        np.clip(u, np.finfo(np.float64).tiny, 1.0 - np.finfo(np.float64).epsneg, out=u)
+        np.log(u, out=u)
+        np.negative(u, out=u)
+        np.log(u, out=u)
+        np.negative(u, out=u)
+        np.copyto(self.target, u, casting="same_kind")
+
+
+class Session:
+    def __init__(self, model_dir: str | Path, manifest: Manifest,
+                 sampling: SamplingParams = SamplingParams(), device: str = "auto",
+                 threads: int | None = None):
+        if "lm" not in manifest.contents:
+            raise PersonaPlexError(f"{model_dir} holds only the {', '.join(manifest.contents)}; "
+                                   "a conversation needs a model exported with its language "
+                                   "model (model.safetensors)")
+        self.model_dir = Path(model_dir)
+        self.manifest = manifest
+        self.config = manifest.config
+        providers = choose_providers(device)
+        self.codec = Codec(model_dir, manifest, device, threads)
+        self.helium = OrtGraph(model_dir, manifest.graphs["helium_step"], providers, threads)
+        self.depformer = OrtGraph(model_dir, manifest.graphs["depformer_step"], providers,
+                                  threads)
+        self.frame_size = self.codec.frame_size
+        self.ring = TokenRing(self.config)
+        self.metrics = FrameMetrics()
+        self._h = self.helium.inputs
+        self._d = self.depformer.inputs
+        self._silence = np.zeros((1, 1, self.frame_size), np.float32)
+        self.sampling = sampling
+        self.set_sampling(sampling)
+
+    @classmethod
+    def load(cls, model_dir: str | Path, sampling: SamplingParams = SamplingParams(),
+             device: str = "auto", threads: int | None = None) -> "Session":
+        return cls(model_dir, load_model_dir(model_dir, need="lm"), sampling, device, threads)
+
+    # -- settings ---------------------------------------------------------------------------
+    def set_sampling(self, sampling: SamplingParams) -> None:
+        sampling.check(self._h["text_noise"].shape[-1], self._d["audio_noise"].shape[-1])
+        self.sampling = sampling
+        self._h["text_temperature"][...] = sampling.temp_text
+        self._h["text_top_k"][...] = sampling.top_k_text
+        self._d["audio_temperature"][...] = sampling.temp
+        self._d["audio_top_k"][...] = sampling.top_k
+        rng = np.random.default_rng(sampling.seed)
+        self._noise = [] if sampling.greedy else [_Gumbel(self._h["text_noise"], rng),
+                                                  _Gumbel(self._d["audio_noise"], rng)]
+        if sampling.greedy:
+            self._h["text_noise"][...] = 0.0  # zero noise: argmax
+            self._d["audio_noise"][...] = 0.0
+
+    def reset(self) -> None:
+        """A new conversation on the same model: state back to its initial values (the KV rings
+        need no clearing: slots are masked by position), the seed's noise stream restarts."""
+        self.codec.reset()
+        self.helium.reset()
+        self.depformer.reset()
+        self.ring.reset()
+        self.set_sampling(self.sampling)
+
+    @property
+    def position(self) -> int:
+        return self.ring.position
+
+    # -- the frame --------------------------------------------------------------------------
+    def _temporal(self, tokens: np.ndarray, extra: np.ndarray | None) -> None:
+        h = self._h
+        np.copyto(h["tokens"], tokens)
+        if extra is None:
+            h["extra_embedding"][...] = 0.0
+        else:
+            np.copyto(h["extra_embedding"], extra.reshape(h["extra_embedding"].shape))
+        h["position"][...] = self.ring.position
+        self.helium.run()
+        self.helium.write_rings(self.ring.position)
+
+    def step_tokens(self, user_codes: np.ndarray, forced_text: int | None = None,
+                    forced_agent: np.ndarray | None = None,
+                    extra: np.ndarray | None = None) -> np.ndarray | None:
+        """One temporal step from the user's codes [8]; the model samples text and agent codes
+        unless they are forced (prompts). Returns the newest complete agent frame [9] (text,
+        cb0..7) or None while the first frame is still incomplete."""
+        m = self.metrics
+        for noise in self._noise:
+            noise.fill()
+        self.ring.write_user(user_codes)
+        tokens = self.ring.step_input()
+        m.mark("host")
+        self._temporal(tokens, extra)
+        text = self.helium.outputs["text_token"] if forced_text is None else \
+            np.full((1,), forced_text, np.int64)
+        m.mark("temporal")
+        if forced_agent is None:
+            np.copyto(self._d["hidden"], self.helium.outputs["hidden"])
+            np.copyto(self._d["text_token"], text)
+            agent = self.depformer.run()["audio_tokens"]
+            m.mark("depformer")
+        else:
+            agent = forced_agent
+        self.ring.write_generated(text, agent)
+        out = self.ring.output()
+        return None if out is None else out[0]
+
+    def step(self, pcm: np.ndarray) -> tuple[np.ndarray, int | None]:
+        """pcm [1920] f32 at 24 kHz -> (pcm [1920] f32, the text token of the emitted frame, or
+        None before the first complete frame). The returned pcm is a view into a buffer the next
+        call overwrites."""
+        m = self.metrics
+        m.start_frame()
+        codes = self.codec.encode_frame(pcm)[0]
+        m.mark("encode")
+        out = self.step_tokens(codes)
+        if out is None:
+            m.end_frame()
+            return self._silence[0, 0], None
+        audio = self.codec.decode_frame(out[1:])
+        m.mark("decode")
+        m.end_frame()
+        return audio[0, 0], int(out[TEXT_STREAM])
