@@ -52,9 +52,10 @@ def _local(root: Path, with_lm: bool) -> CheckpointFiles:
     if mimi is None:
         raise CheckpointError(f"{root} has no {MIMI_FILE}: a PersonaPlex checkpoint directory "
                               f"holds {MIMI_FILE}, {LM_FILE}, {TOKENIZER_FILE} and {CONFIG_FILE}")
-    lm = opt(LM_FILE)
+    lm = opt(LM_FILE) if with_lm else None
     if with_lm and lm is None:
-        raise CheckpointError(f"{root} has no {LM_FILE}")
+        raise CheckpointError(f"{root} has no {LM_FILE} (to export only the codec, use "
+                              "--codec-only)")
     return CheckpointFiles(str(root), _config_from(opt(CONFIG_FILE)), mimi, lm,
                            opt(TOKENIZER_FILE), opt(VOICES_FILE))
 

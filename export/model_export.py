@@ -4,6 +4,7 @@ appears complete or not at all."""
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 from typing import Callable
@@ -11,8 +12,8 @@ from typing import Callable
 import torch
 
 from personaplex_edge.errors import PersonaPlexError
-from personaplex_edge.manifest import (GraphEntry, Manifest, TensorSpec, staged_dir,
-                                       write_manifest)
+from personaplex_edge.manifest import (GraphEntry, Manifest, TensorSpec, sha256_file,
+                                       staged_dir, write_manifest)
 
 from .hub import CheckpointFiles
 from .mimi import Mimi, load_mimi
@@ -44,9 +45,25 @@ def export_codec(mimi: Mimi, out: Path, batch: int, progress: Progress) -> dict[
     return graphs
 
 
+def export_lm(ckpt: CheckpointFiles, out: Path, batch: int,
+              progress: Progress) -> dict[str, GraphEntry]:
+    from .lm import export_lm_graphs
+
+    t0 = time.perf_counter()
+    progress(f"loading the language model from {ckpt.lm}")
+    graphs = export_lm_graphs(ckpt.config, ckpt.lm, out, batch=batch)
+    for name, entry in graphs.items():
+        graphs[name] = entry.split_rings()
+    progress(f"  helium_step.onnx, depformer_step.onnx: checked against torch "
+             f"({time.perf_counter() - t0:.1f} s)")
+    return graphs
+
+
 def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "fp32",
                  backend: str = "onnx", batch: int = 1,
                  progress: Progress = print) -> Manifest:
+    """Writes the model directory for `ckpt`: the codec always, the language model (and its
+    tokenizer) when the checkpoint has one."""
     if precision not in PRECISIONS:
         raise PersonaPlexError(f"precision {precision} is not available yet; this version "
                                f"exports {', '.join(PRECISIONS)}")
@@ -58,8 +75,20 @@ def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "f
     mimi = load_mimi(ckpt.mimi, cfg.mimi)
     with staged_dir(out_dir) as stage:
         graphs = export_codec(mimi, stage, batch, progress)
-        manifest = Manifest(config=cfg, graphs=graphs, contents=["codec"], precision=precision,
-                            backend=backend, source=ckpt.source)
+        del mimi
+        contents = ["codec"]
+        tokenizer = None
+        files = {}
+        if ckpt.lm is not None:
+            graphs.update(export_lm(ckpt, stage, batch, progress))
+            contents.append("lm")
+            if ckpt.tokenizer is not None:
+                tokenizer = ckpt.tokenizer.name
+                shutil.copyfile(ckpt.tokenizer, stage / tokenizer)
+                files[tokenizer] = sha256_file(stage / tokenizer)
+        manifest = Manifest(config=cfg, graphs=graphs, contents=contents, precision=precision,
+                            backend=backend, tokenizer=tokenizer, source=ckpt.source,
+                            files=files)
         write_manifest(stage, manifest)
     progress(f"wrote {out_dir} ({', '.join(manifest.contents)})")
     return manifest

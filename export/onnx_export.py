@@ -74,9 +74,12 @@ def export_step(owner: nn.Module, fn: Callable, inputs: Sequence[tuple[TensorSpe
                                  f"declared {spec.shape} {spec.dtype}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings about constant shapes are intended
+        # Constant folding stays off: the TorchScript exporter's folding drops initializers that
+        # have equal values (all-ones norm weights, say) while nodes still use them, giving an
+        # invalid graph. onnxruntime and TensorRT fold constants themselves at load.
         torch.onnx.export(flat, tuple(examples), str(path), input_names=input_names,
                           output_names=output_names, opset_version=OPSET, dynamo=False,
-                          do_constant_folding=True)
+                          do_constant_folding=False)
     onnx.checker.check_model(str(path))
     model = onnx.load(str(path), load_external_data=False)
     data_files = {}

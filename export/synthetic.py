@@ -14,8 +14,16 @@ from safetensors.torch import save_file
 
 from personaplex_edge.config import PersonaPlexConfig
 
-from .hub import CONFIG_FILE, MIMI_FILE
+from .hub import CONFIG_FILE, LM_FILE, MIMI_FILE, TOKENIZER_FILE
 from .mimi import Mimi, _checkpoint_name
+
+# A little English for the demo tokenizer (the demo LM is random: the text it "says" is noise).
+_CORPUS = """Hello, this is PersonaPlex running on the edge, on my own machine.
+A full duplex model listens and speaks at the same time, eighty milliseconds per frame.
+The codec turns speech into eight codes per frame, and the language model answers in kind.
+You are a wise and friendly teacher. Answer questions or provide advice in a clear way.
+How are you today? I am fine, thank you. What would you like to talk about?
+The weather is nice, the sun is shining, and the birds are singing in the trees."""
 
 
 @torch.no_grad()
@@ -46,11 +54,50 @@ def random_mimi_tensors(cfg: PersonaPlexConfig, seed: int = 0) -> dict[str, torc
     return out
 
 
-def write_synthetic_checkpoint(cfg: PersonaPlexConfig, root: str | Path, seed: int = 0) -> Path:
-    """A checkpoint directory for `cfg` with random weights: the Mimi file and config.json."""
+@torch.no_grad()
+def random_lm_tensors(cfg: PersonaPlexConfig, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Every LM tensor of the published layout, random (bf16, as the real file stores them)."""
+    from .lm import expected_lm_tensors
+
+    gen = torch.Generator().manual_seed(seed + 2)
+    out = {}
+    for key, shape in sorted(expected_lm_tensors(cfg).items()):
+        if key.endswith(".alpha"):
+            t = torch.ones(shape)
+        elif "emb" in key.split(".")[0]:
+            t = torch.randn(shape, generator=gen)
+        else:  # a linear layer [out, in]
+            t = torch.randn(shape, generator=gen) / shape[-1] ** 0.5
+        out[key] = t.to(torch.bfloat16)
+    return out
+
+
+def train_tokenizer(path: str | Path, vocab_size: int = 200) -> Path:
+    """A small SentencePiece model with the real one's special ids (0 unk, 1 BOS, 2 EOS,
+    3 PAD) and the `<system>` tag of the text prompts as one piece."""
+    import io
+
+    import sentencepiece as spm
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(_CORPUS.splitlines()), model_writer=model,
+        vocab_size=vocab_size, model_type="unigram", unk_id=0, bos_id=1, eos_id=2, pad_id=3,
+        user_defined_symbols=["<system>"], hard_vocab_limit=False, minloglevel=2)
+    Path(path).write_bytes(model.getvalue())
+    return Path(path)
+
+
+def write_synthetic_checkpoint(cfg: PersonaPlexConfig, root: str | Path, seed: int = 0,
+                               with_lm: bool = True) -> Path:
+    """A checkpoint directory for `cfg` with random weights in the published layout: Mimi,
+    (the LM and a tokenizer,) and config.json."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     save_file(random_mimi_tensors(cfg, seed), str(root / MIMI_FILE))
+    if with_lm:
+        save_file(random_lm_tensors(cfg, seed), str(root / LM_FILE))
+        train_tokenizer(root / TOKENIZER_FILE)
     (root / CONFIG_FILE).write_text(json.dumps(
         {"model_type": "personaplex", "version": "synthetic", **cfg.to_dict()}, indent=2))
     return root

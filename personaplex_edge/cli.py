@@ -57,7 +57,7 @@ def resolve_model(spec: str, progress=print) -> Path:
              f"exporting it to {target}")
     with tempfile.TemporaryDirectory() as tmp:
         write_synthetic_checkpoint(preset(spec), tmp)
-        export_model(resolve_checkpoint(tmp, with_lm=False), target, progress=progress)
+        export_model(resolve_checkpoint(tmp), target, progress=progress)
     return target
 
 
@@ -67,7 +67,7 @@ def cmd_export(args) -> int:
     from .export.model_export import export_model
 
     t0 = time.perf_counter()
-    ckpt = resolve_checkpoint(args.checkpoint, with_lm=False)
+    ckpt = resolve_checkpoint(args.checkpoint, with_lm=not args.codec_only)
     export_model(ckpt, args.out, precision=args.precision, backend=args.backend,
                  batch=args.batch)
     print(f"done in {time.perf_counter() - t0:.1f} s")
@@ -129,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16", "int8", "int4"])
     e.add_argument("--backend", default="onnx", choices=["onnx", "tensorrt"])
     e.add_argument("--batch", type=int, default=1, help="streams per graph call (default 1)")
+    e.add_argument("--codec-only", action="store_true",
+                   help="export only the Mimi codec (no model.safetensors needed)")
     e.set_defaults(func=cmd_export)
 
     c = sub.add_parser("codec", help="encode a file to Mimi codes and decode it back")

@@ -156,6 +156,7 @@ class Manifest:
     tokenizer: str | None = None
     voices: str | None = None
     source: str = ""  # checkpoint it was exported from, for the user's information
+    files: dict[str, str] = field(default_factory=dict)  # other files (tokenizer, voices) -> sha256
     package_version: str = __version__
 
     def to_dict(self) -> dict[str, Any]:
@@ -163,7 +164,7 @@ class Manifest:
                 "package_version": self.package_version, "source": self.source,
                 "contents": list(self.contents), "precision": self.precision,
                 "backend": self.backend, "tokenizer": self.tokenizer, "voices": self.voices,
-                "config": self.config.to_dict(),
+                "files": dict(self.files), "config": self.config.to_dict(),
                 "graphs": {k: g.to_dict() for k, g in self.graphs.items()}}
 
     @classmethod
@@ -183,6 +184,7 @@ class Manifest:
                        contents=list(d["contents"]), precision=d["precision"],
                        backend=d["backend"], tokenizer=d.get("tokenizer"),
                        voices=d.get("voices"), source=d.get("source", ""),
+                       files=dict(d.get("files", {})),
                        package_version=d.get("package_version", "?"))
         except (KeyError, TypeError, ValueError, ConfigError) as e:
             raise ModelDirError(f"{where} is malformed ({e}); re-export the model") from e
@@ -247,7 +249,7 @@ def load_model_dir(model_dir: str | Path, need: str | None = None) -> Manifest:
     if need is not None and need not in manifest.contents:
         raise ModelDirError(f"{model_dir} holds {', '.join(manifest.contents) or 'nothing'}, "
                             f"not the {need}; export a model that includes it")
-    files: dict[str, str] = {}
+    files: dict[str, str] = dict(manifest.files)
     for g in manifest.graphs.values():
         files[g.file] = g.sha256
         files.update(g.data_files)

@@ -9,7 +9,7 @@ import numpy as np
 from personaplex_edge.errors import AudioError
 from personaplex_edge.manifest import Manifest, load_model_dir
 
-from .ort_graph import OrtGraph, choose_providers
+from .backends import open_graph
 
 
 class Codec:
@@ -18,13 +18,12 @@ class Codec:
 
     def __init__(self, model_dir: str | Path, manifest: Manifest, device: str = "auto",
                  threads: int | None = None):
-        providers = choose_providers(device)
         self.manifest = manifest
         self.frame_size = manifest.config.mimi.frame_size
         self.sample_rate = manifest.config.mimi.sampling_rate
         self.num_codebooks = manifest.config.mimi.num_codebooks
-        self.encoder = OrtGraph(model_dir, manifest.graphs["mimi_encoder"], providers, threads)
-        self.decoder = OrtGraph(model_dir, manifest.graphs["mimi_decoder"], providers, threads)
+        self.encoder = open_graph(model_dir, manifest, "mimi_encoder", device, threads)
+        self.decoder = open_graph(model_dir, manifest, "mimi_decoder", device, threads)
         self._pcm_in = self.encoder.inputs["pcm"]  # [B, 1, frame]
         self._codes_in = self.decoder.inputs["codes"]  # [B, n]
 

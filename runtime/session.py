@@ -27,7 +27,7 @@ from personaplex_edge.streams import TEXT_STREAM, TokenRing
 
 from .codec import Codec
 from .metrics import FrameMetrics
-from .ort_graph import OrtGraph, choose_providers
+from .backends import open_graph
 
 
 @dataclass(frozen=True)
@@ -82,11 +82,9 @@ class Session:
         self.model_dir = Path(model_dir)
         self.manifest = manifest
         self.config = manifest.config
-        providers = choose_providers(device)
         self.codec = Codec(model_dir, manifest, device, threads)
-        self.helium = OrtGraph(model_dir, manifest.graphs["helium_step"], providers, threads)
-        self.depformer = OrtGraph(model_dir, manifest.graphs["depformer_step"], providers,
-                                  threads)
+        self.helium = open_graph(model_dir, manifest, "helium_step", device, threads)
+        self.depformer = open_graph(model_dir, manifest, "depformer_step", device, threads)
         self.frame_size = self.codec.frame_size
         self.ring = TokenRing(self.config)
         self.metrics = FrameMetrics()

@@ -1,0 +1,24 @@
+"""Which engine runs a model directory's graphs: onnxruntime (CPU, CUDA) or native TensorRT.
+
+Every backend's graph object offers the same small surface, the one `OrtGraph` defines:
+`inputs` / `outputs` (host arrays: write the former, read the latter after `run()`), `run()`,
+`reset()`, `write_rings(position)`, `state()` / `set_state()`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from personaplex_edge.manifest import GraphEntry, Manifest
+
+from .ort_graph import OrtGraph, choose_providers
+
+
+def open_graph(model_dir: str | Path, manifest: Manifest, name: str, device: str = "auto",
+               threads: int | None = None):
+    entry: GraphEntry = manifest.graphs[name]
+    if manifest.backend == "tensorrt":
+        from .trt_backend import TrtGraph  # only where TensorRT is installed
+
+        return TrtGraph(model_dir, manifest, entry)
+    return OrtGraph(model_dir, entry, choose_providers(device), threads)
