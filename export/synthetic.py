@@ -97,7 +97,7 @@ def write_synthetic_checkpoint(cfg: PersonaPlexConfig, root: str | Path, seed: i
     save_file(random_mimi_tensors(cfg, seed), str(root / MIMI_FILE))
     if with_lm:
         save_file(random_lm_tensors(cfg, seed), str(root / LM_FILE))
-        train_tokenizer(root / TOKENIZER_FILE)
+        train_tokenizer(root / TOKENIZER_FILE, vocab_size=min(cfg.text_vocab_size, 200))
     (root / CONFIG_FILE).write_text(json.dumps(
         {"model_type": "personaplex", "version": "synthetic", **cfg.to_dict()}, indent=2))
     return root

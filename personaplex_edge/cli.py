@@ -101,6 +101,55 @@ def cmd_codec(args) -> int:
     return 0
 
 
+def _sampling(args):
+    from .runtime.session import SamplingParams
+
+    return SamplingParams(temp=args.temp, temp_text=args.temp_text, top_k=args.top_k,
+                          top_k_text=args.top_k_text, greedy=args.greedy, seed=args.seed)
+
+
+def _session(args, progress=print):
+    from .runtime.persona import Persona, start_session
+
+    persona = Persona(text_prompt=args.text_prompt, voice=args.voice_prompt,
+                      enabled=not args.no_persona)
+    return start_session(resolve_model(args.model, progress), persona, _sampling(args),
+                         args.device, args.threads, progress)
+
+
+def cmd_run(args) -> int:
+    """Offline: a wav in, the model's answer out (same length), text per frame."""
+    import json
+
+    import numpy as np
+
+    from .audio import read_audio, write_audio
+    from .manifest import write_text_atomic
+    from .runtime.metrics import format_summary
+    from .runtime.text import TextTokenizer
+
+    pcm = read_audio(args.input)  # before the model loads: a bad file fails fast
+    session = _session(args)
+    text = TextTokenizer(session.model_dir, session.manifest)
+    frame = session.frame_size
+    frames = -(-pcm.shape[0] // frame)
+    padded = np.zeros(frames * frame, np.float32)
+    padded[:pcm.shape[0]] = pcm
+    out = np.empty_like(padded)
+    records, transcript = [], []
+    for i in range(frames):
+        audio, token = session.step(padded[i * frame:(i + 1) * frame])
+        out[i * frame:(i + 1) * frame] = audio
+        records.append(text.record(token))
+        transcript.append(text.piece(token) if token is not None else "")
+    write_audio(args.output, out[:pcm.shape[0]])
+    if args.text_out:
+        write_text_atomic(Path(args.text_out), json.dumps(records, ensure_ascii=False))
+    print("".join(transcript).strip() or "(no text)")
+    print(format_summary(session.metrics.summary()))
+    return 0
+
+
 def cmd_devices(args) -> int:
     from .runtime.sound import list_devices
 
@@ -113,6 +162,24 @@ def _add_runtime_args(p: argparse.ArgumentParser) -> None:
                    help="where the graphs run (auto: CUDA when onnxruntime-gpu can use it)")
     p.add_argument("--threads", type=int, default=None,
                    help="onnxruntime threads (default: PERSONAPLEX_THREADS, else all cores)")
+
+
+def _add_session_args(p: argparse.ArgumentParser, model_default: str | None = None) -> None:
+    from .runtime.persona import DEFAULT_TEXT_PROMPT
+
+    p.add_argument("--model", default=model_default, required=model_default is None,
+                   help="model directory, or a built-in model name (tiny)")
+    p.add_argument("--text-prompt", default=DEFAULT_TEXT_PROMPT, help="the persona's role")
+    p.add_argument("--voice-prompt", default=None,
+                   help="a voice of the model's bank (e.g. NATF2) or an audio file to imitate")
+    p.add_argument("--no-persona", action="store_true", help="skip every prompt phase")
+    p.add_argument("--greedy", action="store_true", help="argmax instead of sampling")
+    p.add_argument("--seed", type=int, default=None, help="seed of the sampling noise")
+    p.add_argument("--temp", type=float, default=0.8, help="audio temperature (0.8)")
+    p.add_argument("--temp-text", type=float, default=0.7, help="text temperature (0.7)")
+    p.add_argument("--top-k", type=int, default=250, help="audio top-k (250)")
+    p.add_argument("--top-k-text", type=int, default=25, help="text top-k (25)")
+    _add_runtime_args(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -141,6 +208,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--output", help="write the reconstruction here (24 kHz mono wav)")
     _add_runtime_args(c)
     c.set_defaults(func=cmd_codec)
+
+    r = sub.add_parser("run", help="offline conversation: a wav in, the answer out")
+    _add_session_args(r)
+    r.add_argument("--input", required=True, help="what the user says (audio file)")
+    r.add_argument("--output", required=True, help="the model's answer (24 kHz wav, same length)")
+    r.add_argument("--text-out", help="per-frame text as JSON (piece, \"PAD\" or \"EPAD\")")
+    r.set_defaults(func=cmd_run)
 
     d = sub.add_parser("devices", help="list sound devices (for --input-device/--output-device)")
     d.set_defaults(func=cmd_devices)

@@ -163,8 +163,9 @@ class PersonaPlexConfig:
         return cls.from_dict(data, where=str(path))
 
 
-# Named presets (gpt-fast style): the real model and the tiny ones the tests and the built-in
-# demo use. Tiny configs keep the real stream layout and frame size but shrink every width.
+# Named presets (gpt-fast style): the real model, the tiny one the tests use (its short context
+# makes the KV ring wrap within a test) and the built-in demo. Tiny configs keep the real stream
+# layout and frame size but shrink every width.
 PRESETS: dict[str, dict[str, Any]] = {
     "personaplex-7b-v1": {},
     "tiny": {
@@ -177,6 +178,11 @@ PRESETS: dict[str, dict[str, Any]] = {
                  "codebook_dim": 16, "num_quantizers": 8},
     },
 }
+# The built-in demo model: tiny widths, but a context (40 s) that holds a persona and a chat.
+PRESETS["demo"] = json.loads(json.dumps(PRESETS["tiny"]))
+PRESETS["demo"]["helium"]["max_position_embeddings"] = 500
+# a text vocabulary the size of the demo's small SentencePiece model, so its babble is readable
+PRESETS["demo"].update(text_vocab_size=256, text_embedding_rows=257)
 
 
 def preset(name: str) -> PersonaPlexConfig:

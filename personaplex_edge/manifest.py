@@ -224,7 +224,7 @@ def _verify_files(model_dir: Path, expected: dict[str, str]) -> None:
         changed = True
     if changed:
         try:
-            _write_text_atomic(stamp_path, json.dumps(stamps))
+            write_text_atomic(stamp_path, json.dumps(stamps))
         except OSError:
             pass  # a read-only model directory is fine: it is hashed again next time
 
@@ -268,7 +268,7 @@ def default_mode(directory: bool = False) -> int:
     return (0o777 if directory else 0o666) & ~_umask()
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
+def write_text_atomic(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as f:
@@ -304,4 +304,4 @@ def staged_dir(final: str | Path) -> Iterator[Path]:
 
 
 def write_manifest(model_dir: Path, manifest: Manifest) -> None:
-    _write_text_atomic(model_dir / MANIFEST, json.dumps(manifest.to_dict(), indent=2))
+    write_text_atomic(model_dir / MANIFEST, json.dumps(manifest.to_dict(), indent=2))

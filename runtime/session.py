@@ -23,10 +23,12 @@ import numpy as np
 
 from personaplex_edge.errors import PersonaPlexError
 from personaplex_edge.manifest import Manifest, load_model_dir
-from personaplex_edge.streams import TEXT_STREAM, TokenRing
+from personaplex_edge.streams import (AGENT_FIRST, SILENCE_TOKENS, SINE_TOKENS, TEXT_PAD,
+                                      TEXT_STREAM, USER_FIRST, TokenRing)
 
 from .codec import Codec
 from .metrics import FrameMetrics
+from .prompts import SILENCE_FRAMES, Prefill, build_prefill, forced_frame, wrap_text_prompt
 from .backends import open_graph
 
 
@@ -126,6 +128,72 @@ class Session:
     @property
     def position(self) -> int:
         return self.ring.position
+
+    @property
+    def context(self) -> int:
+        return self.config.helium.max_position_embeddings
+
+    # -- persona ----------------------------------------------------------------------------
+    def prompt_frames(self, text_prompt: str | None, voice_codes: np.ndarray | None = None,
+                      ) -> list[np.ndarray]:
+        """The forced frames of the persona, in the reference's order (see runtime/prompts)."""
+        frames = [forced_frame(TEXT_PAD, codes) for codes in
+                  (voice_codes if voice_codes is not None else [])]
+        silence = [forced_frame(TEXT_PAD, SILENCE_TOKENS)] * SILENCE_FRAMES
+        frames += silence
+        if text_prompt:
+            from .text import TextTokenizer
+
+            tokens = TextTokenizer(self.model_dir, self.manifest).encode(
+                wrap_text_prompt(text_prompt))
+            frames += [forced_frame(t, SILENCE_TOKENS) for t in tokens]
+        return frames + silence
+
+    def encode_voice(self, pcm: np.ndarray) -> np.ndarray:
+        """A voice prompt from audio (24 kHz mono, loudness-normalised by the caller) -> the
+        agent codes of each frame [V, 8]. The codec is reset before and after."""
+        self.codec.reset()
+        codes = self.codec.encode(pcm)
+        self.codec.reset()
+        return codes
+
+    def prefill(self, text_prompt: str | None = None, voice_codes: np.ndarray | None = None,
+                voice_embeddings: np.ndarray | None = None,
+                voice_cache: np.ndarray | None = None) -> int:
+        """Runs the persona prompts (teacher-forced, nothing sampled but the first live text and
+        codebook 0) from a fresh conversation; returns the number of prompt frames. Prompts
+        are only read by the temporal transformer, which fills the KV ring."""
+        self.reset()
+        frames = self.prompt_frames(text_prompt, voice_codes)
+        plan = build_prefill(self.ring.initial, frames, voice_embeddings, voice_cache)
+        if len(plan) + 1 > self.context:
+            raise PersonaPlexError(
+                f"the persona prompts take {len(plan)} frames, more than this model's context of "
+                f"{self.context} frames ({self.context / 12.5:.0f} s); shorten the text or voice "
+                "prompt")
+        self._run_prefill(plan)
+        return len(plan)
+
+    def _run_prefill(self, plan: Prefill) -> None:
+        last = len(plan) - 1
+        for position in range(last):
+            self.ring.offset = position  # the position the temporal step runs at
+            self._temporal(plan.columns[position][None], plan.embeddings[position])
+        # The last prompt column runs like a live step: its text and agent codebook 0 are the
+        # first sampled tokens; agent codebooks 1..7 of that column stay the forced ones.
+        ring, slots = self.ring, self.ring.slots
+        ring.offset = last
+        ring.tokens[:, :, last % slots] = plan.columns[last]
+        ring.tokens[:, :, (last + 1) % slots] = plan.pending
+        for noise in self._noise:
+            noise.fill()
+        self._temporal(ring.step_input(), plan.embeddings[last])
+        text = self.helium.outputs["text_token"]
+        np.copyto(self._d["hidden"], self.helium.outputs["hidden"])
+        np.copyto(self._d["text_token"], text)
+        agent = self.depformer.run()["audio_tokens"].copy()  # [1, 8]
+        agent[:, 1:] = plan.pending[AGENT_FIRST + 1:USER_FIRST]
+        ring.write_generated(text, agent)
 
     # -- the frame --------------------------------------------------------------------------
     def _temporal(self, tokens: np.ndarray, extra: np.ndarray | None) -> None:
