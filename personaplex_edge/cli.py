@@ -150,6 +150,75 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_mic(args) -> int:
+    """Full duplex on the sound devices until Ctrl-C (or --duration seconds)."""
+    from .runtime.metrics import format_summary
+    from .runtime.sound import run_on_devices
+    from .runtime.text import TextTokenizer
+
+    session = _session(args, progress=lambda m: print(m, file=sys.stderr))
+    text = TextTokenizer(session.model_dir, session.manifest)
+    transcript: list[str] = []
+    live = sys.stderr.isatty()
+
+    def step(frame):
+        audio, token = session.step(frame)
+        if token is not None:
+            piece = text.piece(token)
+            if piece:
+                transcript.append(piece)
+                print(piece, end="", flush=True)
+        return audio
+
+    def status(loop):
+        s = loop.stats
+        t = s.timing.summary(last=100)
+        frame_ms = t.get("frame", {"p50": 0.0, "p99": 0.0})
+        line = (f"frames {s.frames}  frame {frame_ms['p50']:.1f}/{frame_ms['p99']:.1f} ms "
+                f"(p50/p99)  dropped {s.dropped_frames}  underruns {s.underruns}")
+        print(("\r" + line + "   ") if live else line, end="" if live else "\n", file=sys.stderr,
+              flush=True)
+
+    print("listening; Ctrl-C to stop", file=sys.stderr)
+    loop = run_on_devices(step, args.input_device, args.output_device, duration=args.duration,
+                          on_tick=status, max_backlog_frames=args.max_backlog_frames)
+    s = loop.stats
+    print(file=sys.stderr)
+    print(f"{'stopped' if s.interrupted else 'done'}: {s.frames} frames, {s.dropped_frames} "
+          f"dropped, {s.underruns} underruns, {s.input_overflows} input overflows",
+          file=sys.stderr)
+    print(format_summary(session.metrics.summary()), file=sys.stderr)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    """Per-stage timings over N frames of speech-like input (the bundled sample, looped)."""
+    import json
+
+    import numpy as np
+
+    from .audio import read_audio
+    from .manifest import write_text_atomic
+    from .runtime.metrics import format_summary
+
+    session = _session(args)
+    speech = read_audio(Path(__file__).parent / "data" / "hello.wav")
+    frame = session.frame_size
+    loops = -(-(args.frames + args.warmup) * frame // speech.shape[0])
+    pcm = np.tile(speech, loops)
+    for i in range(args.frames + args.warmup):
+        session.step(pcm[i * frame:(i + 1) * frame])
+    summary = session.metrics.summary(last=args.frames)
+    summary["model"] = str(session.model_dir)
+    summary["position"] = session.position
+    print(f"{session.model_dir}: {args.frames} frames after {args.warmup} warm-up, "
+          f"position {session.position} (context {session.context})")
+    print(format_summary(summary))
+    if args.json:
+        write_text_atomic(Path(args.json), json.dumps(summary, indent=2))
+    return 0
+
+
 def cmd_devices(args) -> int:
     from .runtime.sound import list_devices
 
@@ -216,12 +285,33 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--text-out", help="per-frame text as JSON (piece, \"PAD\" or \"EPAD\")")
     r.set_defaults(func=cmd_run)
 
+    m = sub.add_parser("mic", help="talk with the model through the microphone and speaker "
+                                   "(also: personaplex-edge --mic)")
+    _add_session_args(m, model_default="models/personaplex-7b-v1")
+    m.add_argument("--input-device", help="index or part of the name (see 'devices')")
+    m.add_argument("--output-device", help="index or part of the name (see 'devices')")
+    m.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    m.add_argument("--max-backlog-frames", type=int, default=2,
+                   help="input frames allowed to wait before the oldest are dropped (2)")
+    m.set_defaults(func=cmd_mic)
+
+    b = sub.add_parser("bench", help="per-stage timings: p50/p90/p99/max, over-budget frames")
+    _add_session_args(b)
+    b.add_argument("--frames", type=int, default=200)
+    b.add_argument("--warmup", type=int, default=10)
+    b.add_argument("--json", help="write the summary here too")
+    b.set_defaults(func=cmd_bench)
+
     d = sub.add_parser("devices", help="list sound devices (for --input-device/--output-device)")
     d.set_defaults(func=cmd_devices)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--mic" in argv:  # the reference's habit: `--mic` instead of a subcommand
+        argv.remove("--mic")
+        argv.insert(0, "mic")
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -33,6 +33,9 @@ MANIFEST = "manifest.json"
 # not at every start. Deleting it forces a full check.
 _VERIFIED_STAMP = ".verified.json"
 
+_CAPABILITIES = {"lm": "language model a conversation needs (export from a checkpoint with "
+                       "model.safetensors, without --codec-only)",
+                 "codec": "Mimi codec"}
 DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool")
 
 
@@ -247,8 +250,8 @@ def load_model_dir(model_dir: str | Path, need: str | None = None) -> Manifest:
         raise ModelDirError(f"{path} is not a personaplex-edge model manifest")
     manifest = Manifest.from_dict(data, str(path))
     if need is not None and need not in manifest.contents:
-        raise ModelDirError(f"{model_dir} holds {', '.join(manifest.contents) or 'nothing'}, "
-                            f"not the {need}; export a model that includes it")
+        raise ModelDirError(f"{model_dir} holds only the {' and '.join(manifest.contents)}, "
+                            f"not the {_CAPABILITIES.get(need, need)}")
     files: dict[str, str] = dict(manifest.files)
     for g in manifest.graphs.values():
         files[g.file] = g.sha256

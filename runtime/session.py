@@ -77,10 +77,6 @@ class Session:
     def __init__(self, model_dir: str | Path, manifest: Manifest,
                  sampling: SamplingParams = SamplingParams(), device: str = "auto",
                  threads: int | None = None):
-        if "lm" not in manifest.contents:
-            raise PersonaPlexError(f"{model_dir} holds only the {', '.join(manifest.contents)}; "
-                                   "a conversation needs a model exported with its language "
-                                   "model (model.safetensors)")
         self.model_dir = Path(model_dir)
         self.manifest = manifest
         self.config = manifest.config
@@ -95,6 +91,7 @@ class Session:
         self._silence = np.zeros((1, 1, self.frame_size), np.float32)
         self.sampling = sampling
         self.set_sampling(sampling)
+        self.last_frame: np.ndarray | None = None
 
     @classmethod
     def load(cls, model_dir: str | Path, sampling: SamplingParams = SamplingParams(),
@@ -232,7 +229,8 @@ class Session:
             agent = forced_agent
         self.ring.write_generated(text, agent)
         out = self.ring.output()
-        return None if out is None else out[0]
+        self.last_frame = None if out is None else out[0]  # [9]: text, agent cb0..7
+        return self.last_frame
 
     def step(self, pcm: np.ndarray) -> tuple[np.ndarray, int | None]:
         """pcm [1920] f32 at 24 kHz -> (pcm [1920] f32, the text token of the emitted frame, or

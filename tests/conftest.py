@@ -52,3 +52,16 @@ def tiny_codec_dir(tmp_path_factory, tiny_codec_checkpoint) -> Path:
     export_model(resolve_checkpoint(str(tiny_codec_checkpoint), with_lm=False), out,
                  progress=lambda s: None)
     return out
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir(tmp_path_factory) -> Path:
+    """The built-in demo model (random weights, codec + LM + tokenizer), exported once."""
+    from personaplex_edge.export.hub import resolve_checkpoint
+    from personaplex_edge.export.model_export import export_model
+    from personaplex_edge.export.synthetic import write_synthetic_checkpoint
+
+    ckpt = write_synthetic_checkpoint(preset("demo"), tmp_path_factory.mktemp("demo_ckpt"))
+    out = tmp_path_factory.mktemp("demo_model") / "model"
+    export_model(resolve_checkpoint(str(ckpt)), out, progress=lambda s: None)
+    return out

@@ -1,0 +1,105 @@
+"""`--mic` on a real audio server: PulseAudio with a null sink, its monitor as the microphone
+(the model hears itself). The server is started here, privately, and stopped after."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("pulseaudio") is None or shutil.which("pactl") is None,
+    reason="no PulseAudio here (apt-get install pulseaudio pulseaudio-utils; scripts/install.sh "
+           "does, so CI runs these tests)")
+
+
+@pytest.fixture(scope="module")
+def pulse_env(tmp_path_factory):
+    runtime = tmp_path_factory.mktemp("pulse")
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(runtime), PULSE_RUNTIME_PATH=str(runtime),
+               HOME=str(runtime))
+    server = subprocess.Popen(
+        ["pulseaudio", "--daemonize=no", "--exit-idle-time=-1", "--disallow-exit", "-n",
+         "--load=module-native-protocol-unix", "--load=module-null-sink sink_name=edge_sink",
+         "--load=module-always-sink", "--log-target=stderr", "--log-level=error"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        if subprocess.run(["pactl", "info"], env=env, capture_output=True).returncode == 0:
+            break
+        if server.poll() is not None:
+            pytest.skip(f"PulseAudio would not start: {server.stderr.read().decode()[-300:]}")
+        time.sleep(0.2)
+    else:
+        server.kill()
+        pytest.skip("PulseAudio did not answer within 15 s")
+    subprocess.run(["pactl", "set-default-sink", "edge_sink"], env=env, check=True)
+    subprocess.run(["pactl", "set-default-source", "edge_sink.monitor"], env=env, check=True)
+    yield env
+    server.terminate()
+    server.wait(timeout=10)
+
+
+def _run(code: str, env: dict, timeout: float = 90) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_mic_runs_on_the_audio_server(pulse_env, demo_model_dir):
+    seconds = 6
+    done = subprocess.run(
+        [sys.executable, "-m", "personaplex_edge.cli", "--mic", "--model", str(demo_model_dir),
+         "--duration", str(seconds), "--seed", "3"],
+        env=pulse_env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = next(line for line in done.stderr.splitlines() if line.startswith("done:"))
+    frames = int(summary.split()[1])
+    dropped = int(summary.split(",")[1].split()[0])
+    # the monitor source starts delivering within ~1.5 s; then 12.5 frames per second
+    assert frames >= 0.5 * 12.5 * seconds, summary
+    assert dropped == 0, summary
+
+
+def test_slow_steps_drop_frames_and_stay_bounded(pulse_env):
+    """Every step takes 130 ms (> 80 ms): frames are dropped and counted, the backlog stays
+    bounded, and the run ends cleanly."""
+    code = """
+import time
+from personaplex_edge.runtime.sound import run_on_devices
+backlog = []
+def slow(frame):
+    backlog.append(len(loop_ref[0].input) if loop_ref else 0)
+    time.sleep(0.13)
+    return frame
+loop_ref = []
+class Tick:
+    def __call__(self, loop):
+        if not loop_ref:
+            loop_ref.append(loop)
+loop = run_on_devices(slow, duration=6, on_tick=Tick(), tick_seconds=0.05)
+s = loop.stats
+print("RESULT", s.frames, s.dropped_frames, s.max_backlog_frames, max(backlog),
+      loop.input.capacity)
+"""
+    done = _run(code, pulse_env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT"))
+    frames, dropped, max_backlog, max_seen, capacity = map(int, line.split()[1:])
+    assert frames >= 15
+    assert dropped >= 10  # about 40% of the frames cannot be processed in time
+    assert max_backlog <= 2 + 3  # the loop's bound (2) plus what arrives during one step
+    assert max_seen <= capacity
+
+
+def test_unknown_device_is_one_clear_error(pulse_env, demo_model_dir):
+    done = subprocess.run(
+        [sys.executable, "-m", "personaplex_edge.cli", "--mic", "--model", str(demo_model_dir),
+         "--input-device", "97", "--duration", "1", "--no-persona"],
+        env=pulse_env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "there is no sound device 97" in done.stderr and "Traceback" not in done.stderr

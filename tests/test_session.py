@@ -1,0 +1,160 @@
+"""The conversation end to end against the reference's own streaming pipeline (moshi's Mimi
+encode -> LMGen step -> Mimi decode) on the same random weights and audio, and the offline
+`run` command as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from conftest_lm import lm_bundle
+from moshi_reference import save_published
+from personaplex_edge.cli import main
+from personaplex_edge.export.hub import CONFIG_FILE, MIMI_FILE, TOKENIZER_FILE, resolve_checkpoint
+from personaplex_edge.export.model_export import export_model
+from personaplex_edge.export.synthetic import train_tokenizer
+from personaplex_edge.runtime.session import SamplingParams, Session
+
+FRAMES = 64  # > the tiny context (40): the KV ring wraps
+
+
+@pytest.fixture(scope="module")
+def tiny_full_model(tmp_path_factory, tiny_mimi_ref):
+    """moshi's tiny Mimi and LM in one published checkpoint directory, exported."""
+    b = lm_bundle()
+    root = tmp_path_factory.mktemp("full_ckpt")
+    save_published(tiny_mimi_ref, root / MIMI_FILE)
+    shutil.copyfile(b.checkpoint, root / "model.safetensors")
+    train_tokenizer(root / TOKENIZER_FILE)
+    (root / CONFIG_FILE).write_text(json.dumps({"model_type": "personaplex", **b.cfg.to_dict()}))
+    out = tmp_path_factory.mktemp("full_model") / "model"
+    export_model(resolve_checkpoint(str(root)), out, progress=lambda s: None)
+    return out
+
+
+@torch.no_grad()
+def reference_pipeline(mimi, lm, pcm: np.ndarray, frame: int):
+    """Greedy: per frame, the emitted agent frame [9] (or None) and its decoded pcm."""
+    from moshi.models.lm import LMGen
+
+    full_dep_q = lm.dep_q
+    lm.dep_q = 8  # the agent-only view of the 16-step depformer (moshi's own 7B setting)
+    tokens, audio = [], []
+    try:
+        gen = LMGen(lm, use_sampling=False)
+        with mimi.streaming(1), gen.streaming(1):
+            for i in range(pcm.shape[0] // frame):
+                codes = mimi.encode(torch.from_numpy(pcm[i * frame:(i + 1) * frame])[None, None])
+                out = gen.step(codes)
+                if out is None:
+                    tokens.append(None)
+                    audio.append(np.zeros(frame, np.float32))
+                else:
+                    tokens.append(out[0, :, 0].numpy())
+                    audio.append(mimi.decode(out[:, 1:])[0, 0].numpy())
+    finally:
+        lm.dep_q = full_dep_q
+    return tokens, np.concatenate(audio)
+
+
+def _speech(frames: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    t = np.arange(frames * 1920) / 24000
+    return (rng.standard_normal(t.shape) * (0.05 + 0.25 * np.abs(np.sin(2.1 * t)))).astype(
+        np.float32)
+
+
+def test_greedy_conversation_matches_the_reference_pipeline(tiny_full_model, tiny_mimi_ref):
+    pcm = _speech(FRAMES)
+    ref_tokens, ref_audio = reference_pipeline(tiny_mimi_ref, lm_bundle().ref, pcm, 1920)
+    session = Session.load(tiny_full_model, SamplingParams(greedy=True), device="cpu")
+    out = np.empty_like(pcm)
+    for i in range(FRAMES):
+        audio, text = session.step(pcm[i * 1920:(i + 1) * 1920])
+        out[i * 1920:(i + 1) * 1920] = audio
+        if ref_tokens[i] is None:
+            assert session.last_frame is None and text is None, f"frame {i}"
+        else:
+            np.testing.assert_array_equal(session.last_frame, ref_tokens[i], err_msg=f"frame {i}")
+            assert text == ref_tokens[i][0]
+    assert sum(t is not None for t in ref_tokens) == FRAMES - 1
+    assert len({int(t[1]) for t in ref_tokens[1:]}) > 3  # the agent's cb0 actually varies
+    np.testing.assert_allclose(out, ref_audio, atol=1e-4)
+
+
+def test_prefill_then_steps_are_deterministic_and_reset_repeats(demo_model_dir):
+    pcm = _speech(20, seed=2)
+    session = Session.load(demo_model_dir, SamplingParams(seed=11), device="cpu")
+
+    def conversation():
+        frames = session.prefill("You are a helpful robot.")
+        assert frames == 12 + len(session.prompt_frames("You are a helpful robot.")) - 12
+        out = [session.step(pcm[i * 1920:(i + 1) * 1920])[0].copy() for i in range(20)]
+        return np.concatenate(out), session.position
+
+    first, pos = conversation()
+    again, pos_again = conversation()
+    np.testing.assert_array_equal(first, again)
+    assert pos == pos_again == frames_of(session) + 20
+    session.set_sampling(SamplingParams(seed=12))
+    other, _ = conversation()
+    assert not np.array_equal(first, other)
+
+
+def frames_of(session) -> int:
+    return len(session.prompt_frames("You are a helpful robot."))
+
+
+def test_prompt_longer_than_the_context_is_refused(tiny_full_model):
+    session = Session.load(tiny_full_model, device="cpu")  # context 40 frames
+    with pytest.raises(Exception, match="more than this model's context of 40 frames"):
+        session.prefill("word " * 60)
+
+
+def _write_input(tmp_path, seconds=2.0, rate=16000):
+    t = np.arange(int(seconds * rate)) / rate
+    sf.write(tmp_path / "in.wav", 0.3 * np.sin(2 * np.pi * 200 * t) * np.sin(3 * t), rate)
+    return tmp_path / "in.wav", int(round(seconds * 24000))
+
+
+def test_run_offline_same_seed_same_output(demo_model_dir, tmp_path):
+    src, n = _write_input(tmp_path)
+    outs = []
+    for tag, seed in (("a", 5), ("b", 5), ("c", 6)):
+        rc = main(["run", "--model", str(demo_model_dir), "--input", str(src), "--output",
+                   str(tmp_path / f"{tag}.wav"), "--text-out", str(tmp_path / f"{tag}.json"),
+                   "--seed", str(seed), "--device", "cpu"])
+        assert rc == 0
+        audio, rate = sf.read(tmp_path / f"{tag}.wav")
+        assert rate == 24000 and audio.shape == (n,)
+        text = json.loads((tmp_path / f"{tag}.json").read_text())
+        assert len(text) == -(-n // 1920) and all(isinstance(t, str) for t in text)
+        outs.append((audio, text))
+    np.testing.assert_array_equal(outs[0][0], outs[1][0])
+    assert outs[0][1] == outs[1][1]
+    assert not np.array_equal(outs[0][0], outs[2][0])
+
+
+@pytest.mark.parametrize("case", ["long-prompt", "codec-only", "bad-input", "no-voice-bank"])
+def test_run_errors_are_one_message_and_leave_no_output(case, tiny_full_model, tiny_codec_dir,
+                                                         demo_model_dir, tmp_path, capsys):
+    src, _ = _write_input(tmp_path)
+    model = {"long-prompt": tiny_full_model, "codec-only": tiny_codec_dir}.get(
+        case, demo_model_dir)
+    args = ["run", "--model", str(model), "--input", str(src), "--output",
+            str(tmp_path / "out.wav"), "--text-out", str(tmp_path / "out.json"), "--device", "cpu"]
+    if case == "bad-input":
+        (tmp_path / "in.wav").write_bytes(b"not audio at all")
+    if case == "no-voice-bank":
+        args += ["--voice-prompt", "NATF2"]
+    rc = main(args)
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("error:") == 1 and "Traceback" not in err
+    assert {"long-prompt": "context", "codec-only": "holds only the codec",
+            "bad-input": "cannot read", "no-voice-bank": "no voice bank"}[case] in err
+    assert not (tmp_path / "out.wav").exists() and not (tmp_path / "out.json").exists()
