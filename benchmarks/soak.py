@@ -1,0 +1,91 @@
+"""Soak: a long conversation on the built-in demo model, far past its context, watching for a
+latency ramp and memory growth.
+
+    python benchmarks/soak.py [--frames 10000] [--model DIR] [--json out.json]
+
+Prints frame p50 of the first and last 1000 frames (after warm-up) and their ratio, and RSS at
+the start and end of the run. The session runs as fast as it can (no pacing): the same work per
+frame as live audio, without waiting for the sound card.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def soak(model_dir: Path, frames: int, window: int = 1000, warmup: int = 200) -> dict:
+    from personaplex_edge.runtime.persona import Persona, start_session
+    from personaplex_edge.runtime.session import SamplingParams
+
+    session = start_session(model_dir, Persona(text_prompt="You are a patient listener."),
+                            SamplingParams(seed=0), device="cpu", progress=lambda s: None)
+    rng = np.random.default_rng(0)
+    chunk = (rng.standard_normal(50 * 1920) * 0.1).astype(np.float32)
+    frame_ms = np.empty(frames)
+    rss = []
+    t_start = time.perf_counter()
+    for i in range(frames):
+        j = i % 50
+        t0 = time.perf_counter()
+        session.step(chunk[j * 1920:(j + 1) * 1920])
+        frame_ms[i] = 1000 * (time.perf_counter() - t0)
+        if i % 500 == 0 or i == frames - 1:
+            rss.append((i, rss_mb()))
+    first = frame_ms[warmup:warmup + window]
+    last = frame_ms[-window:]
+    return {"frames": frames, "context": session.context, "final_position": session.position,
+            "seconds": time.perf_counter() - t_start,
+            "first_p50_ms": float(np.median(first)), "last_p50_ms": float(np.median(last)),
+            "ramp": float(np.median(last) / np.median(first)),
+            "rss_mb_after_warmup": next(m for i, m in rss if i >= warmup),
+            "rss_mb_end": rss[-1][1], "rss_samples": rss}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--frames", type=int, default=10000)
+    ap.add_argument("--model", help="model directory (default: export the demo model)")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(args.model) if args.model else None
+        if model is None:
+            from personaplex_edge.config import preset
+            from personaplex_edge.export.hub import resolve_checkpoint
+            from personaplex_edge.export.model_export import export_model
+            from personaplex_edge.export.synthetic import write_synthetic_checkpoint
+
+            ckpt = write_synthetic_checkpoint(preset("demo"), Path(tmp) / "ckpt")
+            model = Path(tmp) / "model"
+            export_model(resolve_checkpoint(str(ckpt)), model, progress=lambda s: None)
+        r = soak(model, args.frames)
+    print(f"{r['frames']} frames ({r['frames'] / 12.5 / 60:.1f} min of audio) in "
+          f"{r['seconds']:.0f} s, context {r['context']} frames, final position "
+          f"{r['final_position']}")
+    print(f"frame p50: first 1000 {r['first_p50_ms']:.2f} ms, last 1000 {r['last_p50_ms']:.2f} ms,"
+          f" ratio {r['ramp']:.3f} (flat: within 1.10)")
+    print(f"RSS: {r['rss_mb_after_warmup']:.1f} MB after warm-up, {r['rss_mb_end']:.1f} MB at the "
+          f"end ({r['rss_mb_end'] - r['rss_mb_after_warmup']:+.1f} MB)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(r, indent=2))
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
