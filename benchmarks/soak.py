@@ -53,6 +53,8 @@ def soak(model_dir: Path, frames: int, window: int = 1000, warmup: int = 200) ->
             "seconds": time.perf_counter() - t_start,
             "first_p50_ms": float(np.median(first)), "last_p50_ms": float(np.median(last)),
             "ramp": float(np.median(last) / np.median(first)),
+            "p50_per_window_ms": [float(np.median(frame_ms[i:i + window]))
+                                  for i in range(warmup, frames - window + 1, window)],
             "rss_mb_after_warmup": next(m for i, m in rss if i >= warmup),
             "rss_mb_end": rss[-1][1], "rss_samples": rss}
 
@@ -80,6 +82,7 @@ def main() -> None:
           f"{r['final_position']}")
     print(f"frame p50: first 1000 {r['first_p50_ms']:.2f} ms, last 1000 {r['last_p50_ms']:.2f} ms,"
           f" ratio {r['ramp']:.3f} (flat: within 1.10)")
+    print("frame p50 per 1000 frames: " + " ".join(f"{v:.2f}" for v in r["p50_per_window_ms"]))
     print(f"RSS: {r['rss_mb_after_warmup']:.1f} MB after warm-up, {r['rss_mb_end']:.1f} MB at the "
           f"end ({r['rss_mb_end'] - r['rss_mb_after_warmup']:+.1f} MB)")
     if args.json:
