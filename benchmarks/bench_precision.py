@@ -1,0 +1,209 @@
+"""Each LM precision on onnxruntime (CPU): size on disk, bytes read per frame, ms/frame and greedy
+token agreement with float32, on a random mid-size model; plus the bandwidth floor of the full
+7B at each precision on a few devices.
+
+    python benchmarks/bench_precision.py [--frames 200] [--threads 2] [--config mid|tiny]
+                                         [--precisions fp32,fp16,bf16,int8,int4] [--json out.json]
+
+The model: random weights in the published layout (export/synthetic.py) for Helium d 1024,
+8 layers, the real context (3000) and the real depformer (1024, 6 layers, 8 active steps); the
+codec is the tiny one (it is not converted and not timed here). float32 is exported once into
+--work; each precision is a converted copy (export/precision.convert_model_dir), kept for reruns.
+
+Agreement, two ways, both greedy over the same fixed random user codes:
+  forced  the precision is fed float32's own tokens every frame and its choices compared
+          (text token, audio tokens, frames equal in all 9): how often it decides the same
+  free    both run on their own tokens; the first frame where they differ (after that the two
+          histories differ and nothing more is comparable)
+A random model has flat logits (tiny top-1 margins), so these are pessimistic for a trained one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+MID = {"helium": {"hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 16,
+                  "intermediate_size": 2816, "max_position_embeddings": 3000},
+       "depformer": {"dep_q": 8, "num_active_codebooks": 8}}
+CPU_NOTE = {"bf16": "onnxruntime CPU has no bf16 MatMul (GPU only)"}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def config(name: str):
+    from personaplex_edge.config import PRESETS, PersonaPlexConfig, preset
+
+    if name == "tiny":
+        return preset("tiny")
+    return PersonaPlexConfig.from_dict({**json.loads(json.dumps(MID)),
+                                        "mimi": dict(PRESETS["tiny"]["mimi"])}, where="mid")
+
+
+def build_fp32(cfg, work: Path) -> Path:
+    """The float32 model directory (random weights), unless `work` has it already."""
+    from personaplex_edge.export.hub import resolve_checkpoint
+    from personaplex_edge.export.model_export import export_model
+    from personaplex_edge.export.synthetic import write_synthetic_checkpoint
+
+    out = work / "fp32"
+    if not (out / "manifest.json").is_file():
+        t0 = time.perf_counter()
+        ckpt = write_synthetic_checkpoint(cfg, work / "checkpoint")
+        export_model(resolve_checkpoint(str(ckpt)), out, progress=log)
+        shutil.rmtree(work / "checkpoint", ignore_errors=True)
+        log(f"float32 export: {time.perf_counter() - t0:.0f} s")
+    return out
+
+
+def build_precision(fp32: Path, work: Path, precision: str) -> Path:
+    from personaplex_edge.export.precision import convert_model_dir
+
+    out = work / precision
+    if not (out / "manifest.json").is_file():
+        t0 = time.perf_counter()
+        convert_model_dir(fp32, out, precision, progress=log)
+        log(f"{precision}: converted in {time.perf_counter() - t0:.0f} s")
+    return out
+
+
+def lm_disk_bytes(model_dir: Path, manifest) -> int:
+    return sum((model_dir / f).stat().st_size for name in ("helium_step", "depformer_step")
+               for f in (manifest.graphs[name].file, *manifest.graphs[name].data_files))
+
+
+def measure(model_dir: Path, user: np.ndarray, reference, threads: int, warmup: int) -> dict:
+    from personaplex_edge.runtime.lm_probe import GreedyLM, agreement
+
+    lm = GreedyLM(model_dir, threads=threads)
+    free = lm.run(user)
+    row = {"temporal_ms": float(np.mean(free.temporal_ms[warmup:])),
+           "depformer_ms": float(np.mean(free.depformer_ms[warmup:]))}
+    row["total_ms"] = row["temporal_ms"] + row["depformer_ms"]
+    if reference is None:
+        row["tokens"] = free.tokens
+        return row
+    forced = lm.run(user, reference)
+    row["forced"] = agreement(forced.tokens, reference)
+    row["first_difference"] = agreement(free.tokens, reference)["first_difference"]
+    return row
+
+
+def seven_b_table() -> list[str]:
+    """Bandwidth floor of PersonaPlex-7B per precision (weights + KV at full context)."""
+    from personaplex_edge.config import PersonaPlexConfig
+    from personaplex_edge.export.frame_bytes import (DEVICES, estimate_bytes_per_frame,
+                                                     floor_ms, layout_for)
+    from personaplex_edge.export.precision import plan_for
+
+    cfg = PersonaPlexConfig()
+    rows = [("fp32", plan_for("fp32")), ("fp16", plan_for("fp16")),
+            ("bf16", plan_for("bf16")),
+            ("int8, KV fp32 (CPU)", plan_for("int8")),
+            ("int8, KV fp16", plan_for("int8", kv_dtype="float16")),
+            ("int4, KV fp32 (CPU)", plan_for("int4")),
+            ("int4, KV fp16", plan_for("int4", kv_dtype="float16")),
+            ("int4 (TensorRT, block 128), KV fp16", plan_for("int4", "tensorrt"))]
+    head = "| 7B precision | weights GB | KV GB | GB/frame | " + " | ".join(
+        f"{d} ms" for d in DEVICES) + " |"
+    out = [head, "|" + " --- |" * (4 + len(DEVICES))]
+    for label, plan in rows:
+        b = estimate_bytes_per_frame(cfg, layout_for(plan))
+        out.append(f"| {label} | {b['weights'] / 1e9:.2f} | {b['kv'] / 1e9:.2f} | "
+                   f"{b['total'] / 1e9:.2f} | "
+                   + " | ".join(f"{floor_ms(b['total'], bw):.1f}" for bw in DEVICES.values())
+                   + " |")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--frames", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--config", choices=("mid", "tiny"), default="mid")
+    ap.add_argument("--precisions", default="fp32,fp16,bf16,int8,int4")
+    ap.add_argument("--work", default="/tmp/personaplex_bench_precision")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+
+    from personaplex_edge.export.frame_bytes import (estimate_bytes_per_frame,
+                                                     model_bytes_per_frame, layout_for)
+    from personaplex_edge.export.precision import plan_for
+    from personaplex_edge.manifest import load_model_dir
+
+    cfg = config(args.config)
+    work = Path(args.work) / args.config
+    work.mkdir(parents=True, exist_ok=True)
+    fp32 = build_fp32(cfg, work)
+    precisions = [p for p in args.precisions.split(",") if p]
+    dirs = {p: fp32 if p == "fp32" else build_precision(fp32, work, p) for p in precisions}
+
+    n = args.frames + args.warmup
+    user = np.random.default_rng(0).integers(0, cfg.audio_vocab_size, (n, 8)).astype(np.int64)
+    log(f"fp32: {n} greedy frames")
+    base = measure(fp32, user, None, args.threads, args.warmup)
+    results = {}
+    for p in precisions:
+        manifest = load_model_dir(dirs[p])
+        counted = model_bytes_per_frame(dirs[p], manifest)
+        row = {"disk_bytes": lm_disk_bytes(dirs[p], manifest),
+               "frame_bytes": counted["helium_step"] + counted["depformer_step"] + counted["kv"],
+               "estimated_frame_bytes": estimate_bytes_per_frame(
+                   cfg, layout_for(plan_for(p)))["total"]}
+        if p == "fp32":
+            row.update({k: v for k, v in base.items() if k != "tokens"})
+        elif p in CPU_NOTE:
+            row["note"] = CPU_NOTE[p]
+        else:
+            log(f"{p}: {n} greedy frames, free and forced")
+            row.update(measure(dirs[p], user, base["tokens"], args.threads, args.warmup))
+        results[p] = row
+
+    h = cfg.helium
+    print(f"\nLM precisions on onnxruntime CPU, {args.threads} threads, {args.frames} frames "
+          f"after {args.warmup} warm-up; random weights, Helium d {h.hidden_size} x "
+          f"{h.num_hidden_layers} layers, context {h.max_position_embeddings}, real depformer "
+          f"(8 steps)\n")
+    print("| precision | LM on disk MB | read/frame MB | temporal ms | depformer ms | "
+          "total ms | text agree | audio agree | frames agree | first free diff |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for p, r in results.items():
+        lead = f"| {p} | {r['disk_bytes'] / 1e6:.0f} | {r['frame_bytes'] / 1e6:.0f} | "
+        if "note" in r:
+            print(lead + f"n/a | n/a | n/a | {r['note']} | | | |")
+            continue
+        times = f"{r['temporal_ms']:.1f} | {r['depformer_ms']:.1f} | {r['total_ms']:.1f} | "
+        if p == "fp32":
+            print(lead + times + "(reference) | | | |")
+        else:
+            a = r["forced"]
+            print(lead + times + f"{a['text']:.1%} | {a['audio']:.1%} | {a['frames']:.1%} | "
+                  f"{r['first_difference']} |")
+    print("\nKV ring: float32 for fp32/int8/int4 (onnxruntime's CPU has no fp16 MatMul), "
+          "float16 for fp16 (what a GPU wants; on this CPU it costs a cast of the ring per step).")
+    print("read/frame: weights counted in the graphs + the whole KV ring; the estimate from the "
+          "config agrees within "
+          + f"{max(abs(r['frame_bytes'] / r['estimated_frame_bytes'] - 1) for r in results.values()):.1%}"
+          + " (it leaves out norm gains and constants).\n")
+    print("Bandwidth floor of the full PersonaPlex-7B (weights read once per frame + the whole "
+          "KV ring at context 3000; estimate, not measured):\n")
+    print("\n".join(seven_b_table()))
+    if args.json:
+        Path(args.json).write_text(json.dumps(
+            {p: {k: v for k, v in r.items() if k != "tokens"} for p, r in results.items()},
+            indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""Bytes the language model reads per frame: counted in exported graphs, and estimated for any
+config (the 7B) at each precision. One token per frame makes the LM memory bound, so these bytes
+over a device's memory bandwidth are a floor on its ms/frame.
+
+Counted: every initializer of the LM graphs (weights, scales, packed integers), except the
+embedding tables, of which a frame reads a handful of rows (a Gather's data, directly or through
+a Reshape); plus the whole KV ring, which each step attends over (slots not yet written are
+masked, not skipped, so the bytes do not depend on the position).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from personaplex_edge.config import PersonaPlexConfig
+from personaplex_edge.manifest import Manifest
+
+from .weight_quant import stored_bytes
+
+_ITEM = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "bool": 1}
+# memory bandwidth, GB/s (vendor figures)
+DEVICES = {"Jetson AGX Orin": 204.8, "Jetson AGX Thor": 273.0, "RTX 4090": 1008.0,
+           "H200": 4800.0}
+
+
+def _init_bytes(t: TensorProto) -> int:
+    for e in t.external_data:
+        if e.key == "length":
+            return int(e.value)
+    if t.HasField("raw_data"):
+        return len(t.raw_data)
+    return onnx.numpy_helper.to_array(t).nbytes
+
+
+def _tables(graph: onnx.GraphProto) -> set[str]:
+    """Initializers that only feed Gather data inputs (through Reshape/Identity/Cast)."""
+    producers = {o: n for n in graph.node for o in n.output}
+    tables = set()
+    for node in graph.node:
+        if node.op_type != "Gather":
+            continue
+        name = node.input[0]
+        while name in producers and producers[name].op_type in ("Reshape", "Identity", "Cast"):
+            name = producers[name].input[0]
+        tables.add(name)
+    return tables
+
+
+def graph_bytes_per_frame(path: str | Path) -> int:
+    """Initializer bytes one run of a graph reads (tables excluded)."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+    tables = _tables(graph)
+    return sum(_init_bytes(t) for t in graph.initializer if t.name not in tables)
+
+
+def model_bytes_per_frame(model_dir: str | Path, manifest: Manifest,
+                          graphs: tuple[str, ...] = ("helium_step", "depformer_step"),
+                          ) -> dict[str, int]:
+    """{graph: weight bytes, "kv": ring bytes} for the LM graphs of a model directory."""
+    out = {name: graph_bytes_per_frame(Path(model_dir) / manifest.graphs[name].file)
+           for name in graphs if name in manifest.graphs}
+    out["kv"] = sum(int(np.prod(r.shape)) * _ITEM[r.dtype] for name in graphs
+                    if name in manifest.graphs for r in manifest.graphs[name].rings)
+    return out
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Bytes of a precision: weights as `float_bytes` floats, or `bits`-bit integers with one
+    scale of `scale_bytes` per `block` values along K (block None: one per output channel)."""
+
+    float_bytes: int
+    kv_bytes: int
+    bits: int = 0
+    block: int | None = None
+    scale_bytes: int = 4
+
+
+def layout_for(plan) -> Layout:
+    """The Layout of a precision.PrecisionPlan."""
+    kv = _ITEM[plan.kv_dtype]
+    if plan.bits is None:
+        return Layout(_ITEM[plan.compute], kv)
+    if plan.weight_format == "matmulnbits":  # float32 scales, blocks along K
+        return Layout(_ITEM[plan.compute], kv, plan.bits, plan.block_size, 4)
+    block = plan.block_size if plan.bits == 4 else None  # int8 DQ: per output channel
+    return Layout(_ITEM[plan.compute], kv, plan.bits, block, _ITEM[plan.compute])
+
+
+def linear_shapes(cfg: PersonaPlexConfig) -> list[tuple[int, int]]:
+    """[K, N] of every linear layer one frame runs (Helium, text head, active depformer)."""
+    h, d = cfg.helium, cfg.depformer
+    D, I = h.hidden_size, h.intermediate_size
+    shapes = [(D, 3 * D), (D, D), (D, 2 * I), (I, D)] * h.num_hidden_layers
+    shapes.append((D, cfg.text_vocab_size))
+    dim, di = d.hidden_size, d.intermediate_size
+    for _ in range(d.num_active_codebooks):
+        shapes += [(D, dim), (dim, d.card)]
+        shapes += [(dim, 3 * dim), (dim, dim), (dim, 2 * di), (di, dim)] * d.num_hidden_layers
+    return shapes
+
+
+def estimate_bytes_per_frame(cfg: PersonaPlexConfig, layout: Layout) -> dict[str, int]:
+    """Weights and KV bytes per frame for `cfg` stored in `layout` (norm gains and table rows,
+    a few hundred KB, are left out)."""
+    weights = 0
+    for k, n in linear_shapes(cfg):
+        if layout.bits:
+            weights += stored_bytes(k, n, layout.bits, layout.block, layout.scale_bytes)
+        else:
+            weights += k * n * layout.float_bytes
+    h = cfg.helium
+    kv = 2 * h.num_hidden_layers * h.max_position_embeddings * h.hidden_size * layout.kv_bytes
+    return {"weights": weights, "kv": kv, "total": weights + kv}
+
+
+def floor_ms(nbytes: int, gb_per_s: float) -> float:
+    return 1000 * nbytes / (gb_per_s * 1e9)

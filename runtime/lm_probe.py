@@ -1,0 +1,86 @@
+"""The language model of a model directory driven greedily, frame by frame, on any backend:
+what precision checks, benchmarks and the GPU check compare between graphs.
+
+Per frame (Moshi's schedule, personaplex_edge.streams.TokenRing): the user's 8 codes go into the
+token ring, helium_step runs on the complete column, its new K/V rows go into the KV ring at the
+frame's position, depformer_step turns the hidden state into the agent's 8 tokens. Noise is zero,
+so every graph's in-graph sampling is the argmax.
+
+`forced` tokens (teacher forcing) feed another run's text and audio tokens back instead of the
+model's own, so two precisions can be compared frame by frame on the same history: free-running
+greedy streams diverge for good after their first different token.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from personaplex_edge.manifest import Manifest, load_model_dir
+from personaplex_edge.streams import TokenRing
+
+from .backends import open_graph
+
+
+@dataclass
+class GreedyRun:
+    tokens: np.ndarray  # [frames, 9] int64: text, agent cb0..7 the model chose each frame
+    temporal_ms: np.ndarray  # [frames] helium_step + ring write
+    depformer_ms: np.ndarray  # [frames]
+
+
+class GreedyLM:
+    def __init__(self, model_dir: str | Path, manifest: Manifest | None = None,
+                 device: str = "cpu", threads: int | None = None):
+        self.manifest = manifest or load_model_dir(model_dir, need="lm")
+        self.cfg = self.manifest.config
+        self.helium = open_graph(model_dir, self.manifest, "helium_step", device, threads)
+        self.depformer = open_graph(model_dir, self.manifest, "depformer_step", device, threads)
+        for graph in (self.helium, self.depformer):
+            for name, buf in graph.inputs.items():
+                if name.endswith("temperature"):
+                    buf[...] = 1.0
+                elif name.endswith("top_k"):
+                    buf[...] = 0  # 0 = all of K_max; with zero noise the argmax either way
+
+    def frame(self, tokens: np.ndarray, position: int) -> tuple[int, np.ndarray, float, float]:
+        """tokens [1, 17] -> (text token, agent tokens [8], temporal ms, depformer ms)."""
+        h, d = self.helium, self.depformer
+        h.inputs["tokens"][...] = tokens
+        h.inputs["position"][...] = position
+        t0 = time.perf_counter()
+        out = h.run()
+        h.write_rings(position)
+        t1 = time.perf_counter()
+        d.inputs["hidden"][...] = out["hidden"]
+        d.inputs["text_token"][...] = out["text_token"]
+        audio = d.run()["audio_tokens"]
+        t2 = time.perf_counter()
+        return int(out["text_token"][0]), audio[0].copy(), 1000 * (t1 - t0), 1000 * (t2 - t1)
+
+    def run(self, user_codes: np.ndarray, forced: np.ndarray | None = None) -> GreedyRun:
+        """user_codes [frames, 8]; forced [frames, 9] or None -> the model's own choices."""
+        ring = TokenRing(self.cfg)
+        n = len(user_codes)
+        tokens = np.zeros((n, 9), np.int64)
+        temporal, depth = np.zeros(n), np.zeros(n)
+        for t in range(n):
+            ring.write_user(user_codes[t][None])
+            text, audio, temporal[t], depth[t] = self.frame(ring.step_input(), ring.position)
+            tokens[t, 0], tokens[t, 1:] = text, audio
+            fed = tokens[t] if forced is None else forced[t]
+            ring.write_generated(fed[:1], fed[None, 1:])
+        return GreedyRun(tokens, temporal, depth)
+
+
+def agreement(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
+    """Two [frames, 9] token arrays: fraction of equal text tokens, of equal audio tokens, of
+    frames equal in all 9, and the first frame that differs (frames when none)."""
+    same = a == b
+    rows = same.all(axis=1)
+    return {"text": float(same[:, 0].mean()), "audio": float(same[:, 1:].mean()),
+            "frames": float(rows.mean()),
+            "first_difference": int(np.argmin(rows)) if not rows.all() else len(rows)}
