@@ -14,6 +14,7 @@ from soak import soak  # noqa: E402
 def test_no_latency_ramp_no_memory_growth_past_the_context(demo_model_dir):
     r = soak(demo_model_dir, frames=1500, window=300, warmup=100)
     assert r["final_position"] > 2 * r["context"]  # the KV ring wrapped at least twice
-    # generous for a shared 2-core machine; the benchmark's 10,000 frames hold it to 10%
-    assert r["ramp"] < 1.35, r
+    # robust to a busy neighbour on a shared 2-core machine (see soak.py); the benchmark's
+    # 10,000 frames hold the median to 10%
+    assert r["ramp_p20"] < 1.25, r
     assert r["rss_mb_end"] - r["rss_mb_after_warmup"] < 20, r["rss_samples"]
