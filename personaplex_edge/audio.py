@@ -29,6 +29,31 @@ def resample(pcm: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:
     return soxr.resample(pcm, rate_in, rate_out, quality="VHQ").astype(np.float32, copy=False)
 
 
+def _check_wav_complete(path: Path) -> None:
+    """libsndfile quietly reads what there is of a truncated wav; a user should hear about it
+    (an interrupted copy or download). Walks the RIFF chunks up to `data` and compares the size
+    its header promises with the bytes present."""
+    import struct
+
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(12)
+        if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+            return  # not a RIFF wav: libsndfile judges it
+        pos = 12
+        while pos + 8 <= size:
+            f.seek(pos)
+            chunk, length = struct.unpack("<4sI", f.read(8))
+            if chunk == b"data":
+                present = size - pos - 8
+                # 0 and 0xFFFFFFFF are what streaming writers leave when they cannot seek back
+                if length not in (0, 0xFFFFFFFF) and length > present:
+                    raise AudioError(f"{path} is truncated: its header promises {length} bytes "
+                                     f"of audio, the file holds {present}")
+                return
+            pos += 8 + length + (length & 1)
+
+
 def read_audio(path: str | Path, rate: int = MODEL_RATE) -> np.ndarray:
     """Reads any audio file as float32 mono at `rate` ([T]); channels are averaged.
 
@@ -38,6 +63,7 @@ def read_audio(path: str | Path, rate: int = MODEL_RATE) -> np.ndarray:
     path = Path(path)
     if not path.is_file():
         raise AudioError(f"input audio {path} does not exist")
+    _check_wav_complete(path)
     try:
         data, file_rate = sf.read(str(path), dtype="float32", always_2d=True)  # [T, C]
     except Exception as e:  # libsndfile's errors are RuntimeError/LibsndfileError

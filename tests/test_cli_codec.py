@@ -45,13 +45,17 @@ def test_resampling_keeps_a_tone_at_its_pitch(tmp_path):
     assert abs(np.argmax(spectrum) * 24000 / len(pcm) - 1000) < 2
 
 
-@pytest.mark.parametrize("kind", ["garbage", "empty", "nan", "missing"])
+@pytest.mark.parametrize("kind", ["garbage", "empty", "nan", "missing", "truncated"])
 def test_bad_input_one_message_no_output(kind, tiny_codec_dir, tmp_path, capsys):
     src = tmp_path / "in.wav"
     if kind == "garbage":
         src.write_bytes(b"RIFF....WAVEfmt not really a wav file" * 10)
     elif kind == "empty":
         sf.write(src, np.zeros((0, 1)), 24000)
+    elif kind == "truncated":
+        sf.write(src, np.zeros(24000, np.float32), 24000, subtype="PCM_16")
+        data = src.read_bytes()
+        src.write_bytes(data[:len(data) // 2])
     elif kind == "nan":
         data = np.zeros(4800, np.float32)
         data[100] = np.nan
@@ -63,7 +67,7 @@ def test_bad_input_one_message_no_output(kind, tiny_codec_dir, tmp_path, capsys)
     assert rc != 0
     assert err.count("error:") == 1 and "Traceback" not in err
     assert {"garbage": "cannot read", "empty": "no audio", "nan": "NaN",
-            "missing": "does not exist"}[kind] in err
+            "missing": "does not exist", "truncated": "is truncated"}[kind] in err
     assert not out.exists() and not codes.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == (["in.wav"] if kind != "missing" else [])
 
