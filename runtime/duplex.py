@@ -10,6 +10,7 @@ an underrun). Devices at another rate are resampled by the worker, never in a ca
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -74,10 +75,17 @@ class DuplexLoop:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self.alive: Callable[[], bool] = lambda: True  # the backend says if its device still runs
+        # A device that stops calling back without an error (a sound server that died, a
+        # USB device pulled) is noticed by silence from the input: no samples for this long.
+        self.stall_seconds = 3.0
+        self.startup_seconds = 15.0  # sound servers can take a while to deliver the first block
+        self._last_input: float | None = None
+        self._started_at = 0.0
 
     # -- audio callback side (no allocation, no model work) ---------------------------------
     def on_input(self, samples: np.ndarray) -> None:
         self.input.write(samples)
+        self._last_input = time.monotonic()
 
     def on_output(self, out: np.ndarray) -> None:
         before = self.output.underruns
@@ -87,6 +95,7 @@ class DuplexLoop:
 
     # -- worker -------------------------------------------------------------------------------
     def start(self) -> None:
+        self._started_at = time.monotonic()
         self._thread = threading.Thread(target=self._work, name="personaplex-worker", daemon=True)
         self._thread.start()
 
@@ -115,6 +124,12 @@ class DuplexLoop:
                 continue
             self._model_in.write(self._to_model(chunk) if self._to_model else chunk)
         return self._model_in.read_exact(self._frame, timeout=0)
+
+    def _stalled(self) -> bool:
+        now = time.monotonic()
+        if self._last_input is None:
+            return now - self._started_at > self.startup_seconds
+        return now - self._last_input > self.stall_seconds
 
     def _drop_backlog(self) -> None:
         chunk = self._chunk.shape[0]

@@ -18,9 +18,7 @@ pytestmark = pytest.mark.skipif(
            "does, so CI runs these tests)")
 
 
-@pytest.fixture(scope="module")
-def pulse_env(tmp_path_factory):
-    runtime = tmp_path_factory.mktemp("pulse")
+def _start_pulse(runtime):
     env = dict(os.environ, XDG_RUNTIME_DIR=str(runtime), PULSE_RUNTIME_PATH=str(runtime),
                HOME=str(runtime))
     server = subprocess.Popen(
@@ -40,6 +38,12 @@ def pulse_env(tmp_path_factory):
         pytest.skip("PulseAudio did not answer within 15 s")
     subprocess.run(["pactl", "set-default-sink", "edge_sink"], env=env, check=True)
     subprocess.run(["pactl", "set-default-source", "edge_sink.monitor"], env=env, check=True)
+    return server, env
+
+
+@pytest.fixture(scope="module")
+def pulse_env(tmp_path_factory):
+    server, env = _start_pulse(tmp_path_factory.mktemp("pulse"))
     yield env
     server.terminate()
     server.wait(timeout=10)
@@ -103,3 +107,25 @@ def test_unknown_device_is_one_clear_error(pulse_env, demo_model_dir):
         env=pulse_env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "there is no sound device 97" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_vanishing_device_ends_with_a_message(tmp_path, demo_model_dir):
+    """The sound server dies mid-conversation: one clear message, exit status 2, no hang."""
+    server, env = _start_pulse(tmp_path)
+    try:
+        mic = subprocess.Popen(
+            [sys.executable, "-m", "personaplex_edge.cli", "--mic", "--model",
+             str(demo_model_dir), "--duration", "60", "--no-persona"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(5)
+        server.kill()
+        server.wait(timeout=10)
+        _, err = mic.communicate(timeout=45)
+    finally:
+        if server.poll() is None:
+            server.kill()
+        if mic.poll() is None:
+            mic.kill()
+    assert mic.returncode == 2, err[-1500:]
+    assert "stopped delivering samples" in err or "sound device failed" in err, err[-1500:]
+    assert "Traceback" not in err
