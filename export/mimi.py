@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from personaplex_edge.config import PersonaPlexMimiConfig
-from personaplex_edge.manifest import StateSpec
+from personaplex_edge.manifest import RingSpec, StateSpec
 
 from .checkpoint import TensorFile, check_tensors
 from .mimi_transformer import MimiTransformer
@@ -48,6 +48,12 @@ class Mimi(nn.Module):
     def decoder_state(self, batch: int = 1) -> list[StateSpec]:
         return [spec for m in (self.upsample, self.decoder_transformer, self.decoder)
                 for spec in collect_state(m, batch)]
+
+    def encoder_rings(self, batch: int = 1) -> list[RingSpec]:
+        return self.encoder_transformer.rings(batch, self.cfg.steps_per_frame)
+
+    def decoder_rings(self, batch: int = 1) -> list[RingSpec]:
+        return self.decoder_transformer.rings(batch, self.cfg.steps_per_frame)
 
     def encode_step(self, pcm: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
         """pcm [B, 1, frame_size] -> codes [B, num_codebooks] int64."""

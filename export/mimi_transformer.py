@@ -1,11 +1,12 @@
-"""Mimi's encoder/decoder transformer (25 Hz), streaming with an explicit sliding KV window.
+"""Mimi's encoder/decoder transformer (25 Hz), streaming with explicit state and KV rings.
 
-Each attention layer keeps its last `window` keys and values in time order, oldest first. A call
-with T new steps appends them and keeps the last `window` (`cat(K, k_new)[..., T:]`), exactly what
-the reference ring cache holds after writing: once the window is full the first query of a frame
-no longer sees the key that the second step's write pushed out. Keys are stored already rotated
-(RoPE at their absolute position), so nothing is recomputed. State: `offset` (steps seen so far,
-int64 [B]) and per layer `key`/`value` [B, H, window, Dh].
+Each attention layer reads a ring of `window` keys and values (slot = position % window, keys
+already rotated by RoPE at their absolute position) and returns only the call's T new rows,
+which the runtime writes into the ring afterwards; the ring itself is never copied. The mask
+reproduces the reference's ring cache, which writes the T new rows before attending: the call
+sees the last `window` keys after the append, so once the window is full the first query of a
+frame no longer sees the key that the second step's write pushes out. State: `offset` (steps seen
+so far, int64 [B]); rings: per layer `key`/`value` [B, H, window, Dh].
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from personaplex_edge.config import PersonaPlexMimiConfig
-from personaplex_edge.manifest import StateSpec
+from personaplex_edge.manifest import RingSpec, StateSpec
 
 from .streaming import State, Stateful
 
@@ -38,6 +39,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return out.reshape(B, H, T, D)
 
 
+RING_PREFIX, ROWS_PREFIX = "ring.", "rows."  # graph names of a ring and of its new rows
+
+
 class WindowAttention(Stateful):
     def __init__(self, dim: int, num_heads: int, window: int):
         super().__init__()
@@ -48,24 +52,35 @@ class WindowAttention(Stateful):
         self.out_proj = nn.Linear(dim, dim, bias=False)
 
     def own_state(self, batch: int) -> list[StateSpec]:
+        return []
+
+    def own_rings(self, batch: int, rows: int, position: str) -> list[RingSpec]:
         shape = (batch, self.num_heads, self.window, self.head_dim)
-        return [StateSpec(f"{self.state_key}.key", shape, "float32"),
-                StateSpec(f"{self.state_key}.value", shape, "float32")]
+        return [RingSpec(f"{RING_PREFIX}{self.state_key}.{kind}",
+                         f"{ROWS_PREFIX}{self.state_key}.{kind}", shape, "float32", 2, position,
+                         rows) for kind in ("key", "value")]
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+                ring_visible: torch.Tensor, new_visible: torch.Tensor,
+                state: State) -> tuple[torch.Tensor, State]:
         B, T, D = x.shape
         H, Dh = self.num_heads, self.head_dim
         qkv = self.in_proj(x).reshape(B, T, 3, H, Dh).permute(2, 0, 3, 1, 4)  # [3, B, H, T, Dh]
         q = apply_rope(qkv[0], cos, sin)
         k = apply_rope(qkv[1], cos, sin)
-        keys = torch.cat([state[f"{self.state_key}.key"], k], dim=2)[:, :, T:]  # [B, H, W, Dh]
-        values = torch.cat([state[f"{self.state_key}.value"], qkv[2]], dim=2)[:, :, T:]
-        scores = torch.matmul(q, keys.transpose(2, 3)) * (Dh ** -0.5)  # [B, H, T, W]
-        scores = scores.masked_fill(~mask, float("-inf"))
-        out = torch.matmul(torch.softmax(scores, dim=-1), values)  # [B, H, T, Dh]
+        v = qkv[2]
+        ring_k = state[f"{RING_PREFIX}{self.state_key}.key"]  # [B, H, W, Dh]
+        ring_v = state[f"{RING_PREFIX}{self.state_key}.value"]
+        scale = Dh ** -0.5
+        scores = torch.cat([torch.matmul(q, ring_k.transpose(2, 3)),  # [B, H, T, W]
+                            torch.matmul(q, k.transpose(2, 3))], dim=-1) * scale  # [B, H, T, W+T]
+        visible = torch.cat([ring_visible, new_visible], dim=-1)  # [B, 1, T, W+T]
+        probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+        out = (torch.matmul(probs[..., :self.window], ring_v)
+               + torch.matmul(probs[..., self.window:], v))  # [B, H, T, Dh]
         out = self.out_proj(out.transpose(1, 2).reshape(B, T, D))
-        return out, {f"{self.state_key}.key": keys, f"{self.state_key}.value": values}
+        return out, {f"{ROWS_PREFIX}{self.state_key}.key": k,
+                     f"{ROWS_PREFIX}{self.state_key}.value": v}
 
 
 class LayerScale(nn.Module):
@@ -89,8 +104,9 @@ class TransformerLayer(nn.Module):
         self.linear2 = nn.Linear(cfg.intermediate_size, d, bias=False)
         self.layer_scale_2 = LayerScale(d)
 
-    def forward(self, x, cos, sin, mask, state: State) -> tuple[torch.Tensor, State]:
-        update, new = self.self_attn(self.norm1(x), cos, sin, mask, state)
+    def forward(self, x, cos, sin, ring_visible, new_visible,
+                state: State) -> tuple[torch.Tensor, State]:
+        update, new = self.self_attn(self.norm1(x), cos, sin, ring_visible, new_visible, state)
         x = x + self.layer_scale_1(update)
         x = x + self.layer_scale_2(self.linear2(F.gelu(self.linear1(self.norm2(x)))))
         return x, new
@@ -109,20 +125,29 @@ class MimiTransformer(Stateful):
     def own_state(self, batch: int) -> list[StateSpec]:
         return [StateSpec(f"{self.state_key}.offset", (batch,), "int64")]
 
+    def rings(self, batch: int, rows: int) -> list[RingSpec]:
+        position = f"past.{self.state_key}.offset"  # the ring position is the step offset
+        return [spec for layer in self.layers
+                for spec in layer.self_attn.own_rings(batch, rows, position)]
+
     def forward(self, x: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
         B, C, T = x.shape
+        W = self.window
         offset = state[f"{self.state_key}.offset"]  # [B]
-        steps = torch.arange(T, dtype=torch.int64)
-        pos_q = offset[:, None] + steps  # [B, T]
-        # after the append, window slot j holds the key of step offset + T - W + j
-        pos_k = offset[:, None] + (T - self.window) + torch.arange(self.window)  # [B, W]
-        mask = (pos_k[:, None, :] >= 0) & (pos_k[:, None, :] <= pos_q[:, :, None])  # [B, T, W]
-        mask = mask[:, None]  # [B, 1, T, W]
+        pos_q = offset[:, None] + torch.arange(T, dtype=torch.int64)  # [B, T]
+        # ring slot j holds the newest position p_j < offset with p_j = j (mod W)
+        last = offset[:, None] - 1  # [B, 1]
+        pos_k = last - torch.remainder(last - torch.arange(W), W)  # [B, W]
+        # visible: written (p >= 0) and still inside the window after this call's T rows land
+        ring_visible = (pos_k >= 0) & (pos_k >= offset[:, None] + T - W)  # [B, W]
+        ring_visible = ring_visible[:, None, None, :].expand(B, 1, T, W)  # [B, 1, T, W]
+        new_visible = torch.tril(torch.ones(T, T, dtype=torch.bool))[None, None]  # [1, 1, T, T]
+        new_visible = new_visible.expand(B, 1, T, T)
         angles = pos_q.to(torch.float32)[:, None, :, None] * self.freqs  # [B, 1, T, Dh/2]
         cos, sin = torch.cos(angles), torch.sin(angles)
         h = x.transpose(1, 2)  # [B, T, C]
         new: State = {f"{self.state_key}.offset": offset + T}
         for layer in self.layers:
-            h, changed = layer(h, cos, sin, mask, state)
+            h, changed = layer(h, cos, sin, ring_visible, new_visible, state)
             new.update(changed)
         return h.transpose(1, 2), new

@@ -17,6 +17,8 @@ from personaplex_edge.manifest import (GraphEntry, Manifest, TensorSpec, sha256_
 
 from .hub import CheckpointFiles
 from .mimi import Mimi, load_mimi
+from .mimi_transformer import RING_PREFIX, ROWS_PREFIX
+from .streaming import rings_as_io
 from .onnx_export import export_step, verify_step
 
 Progress = Callable[[str], None]
@@ -30,17 +32,22 @@ def export_codec(mimi: Mimi, out: Path, batch: int, progress: Progress) -> dict[
     pcm = torch.randn(batch, 1, cfg.frame_size, generator=gen) * 0.1
     codes = torch.randint(0, cfg.codebook_size, (batch, cfg.num_codebooks), generator=gen)
     graphs = {}
-    for name, step, spec, example, output, state in (
+    for name, step, spec, example, output, state, rings in (
             ("mimi_encoder", mimi.encode_step, TensorSpec("pcm", tuple(pcm.shape), "float32"),
-             pcm, "codes", mimi.encoder_state(batch)),
+             pcm, "codes", mimi.encoder_state(batch), mimi.encoder_rings(batch)),
             ("mimi_decoder", mimi.decode_step, TensorSpec("codes", tuple(codes.shape), "int64"),
-             codes, "pcm", mimi.decoder_state(batch))):
+             codes, "pcm", mimi.decoder_state(batch), mimi.decoder_rings(batch))):
         t0 = time.perf_counter()
-        entry = export_step(mimi, step, [(spec, example)], [output], state, out / f"{name}.onnx")
-        verify_step(out / entry.file, step, {spec.name: example.numpy()}, [output], state,
-                    frames=3)
-        progress(f"  {name}.onnx: {len(state)} state tensors, checked against torch "
-                 f"({time.perf_counter() - t0:.1f} s)")
+        fn = rings_as_io(step, rings)
+        inputs = [(spec, example)] + [(TensorSpec(r.input_name, r.shape, r.dtype),
+                                       torch.randn(r.shape, generator=gen)) for r in rings]
+        outputs = [output] + [r.output_name for r in rings]
+        path = out / f"{name}.onnx"
+        entry = export_step(mimi, fn, inputs, outputs, state, path)
+        verify_step(path, fn, {s.name: t.numpy() for s, t in inputs}, outputs, state, frames=3)
+        entry = entry.split_rings(RING_PREFIX, ROWS_PREFIX, position=rings[0].position)
+        progress(f"  {name}.onnx: {len(state)} state tensors, {len(rings)} KV rings, checked "
+                 f"against torch ({time.perf_counter() - t0:.1f} s)")
         graphs[name] = entry
     return graphs
 

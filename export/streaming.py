@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from personaplex_edge.manifest import StateSpec
+from personaplex_edge.manifest import RingSpec, StateSpec
 
 State = dict[str, torch.Tensor]
 
@@ -111,3 +111,28 @@ class StreamConvTranspose1d(Stateful):
         if self.convtr.bias is not None:
             rest = rest - self.convtr.bias[:, None]
         return torch.cat([head, body], dim=-1), {f"{self.state_key}.tail": rest}
+
+
+def advance(state: State, new: State, rings: list[RingSpec]) -> None:
+    """Applies one call's results to a torch-side stream, as the runtime does: state tensors
+    are replaced, each ring gets its new rows at the position its `position` state held before
+    the call."""
+    positions = {r.input_name: int(state[r.position.removeprefix("past.")].flatten()[0])
+                 for r in rings}
+    for r in rings:
+        r.write(state[r.input_name], new[r.output_name], positions[r.input_name])
+    state.update({k: v for k, v in new.items() if k in state})
+
+
+def rings_as_io(step, rings: list[RingSpec]):
+    """`step(x, state) -> (y, new)` as a graph step whose rings are explicit inputs after x and
+    whose new rows are outputs after y: `fn(x, *rings, state) -> ((y, *rows), new)`."""
+    names_in = [r.input_name for r in rings]
+    names_out = [r.output_name for r in rings]
+
+    def fn(x, *args):
+        *ring_tensors, state = args
+        y, new = step(x, {**state, **dict(zip(names_in, ring_tensors))})
+        return (y, *[new[n] for n in names_out]), new
+
+    return fn

@@ -81,28 +81,47 @@ class StateSpec:
 
 @dataclass(frozen=True)
 class RingSpec:
-    """A KV ring the runtime owns: the graph reads all of it (`input_name`, shape [B, H, T, Dh])
-    and returns only the step's new rows (`output_name`, [B, H, 1, Dh]), which the runtime
-    writes in place at slot position % T along `axis`. Nothing is copied but the new rows."""
+    """A KV ring the runtime owns: the graph reads all of it (`input_name`, e.g. [B, H, T, Dh])
+    and returns only the call's new rows (`output_name`, [B, H, R, Dh]); the runtime then
+    writes row r in place at slot (p + r) % T along `axis`, p being the position of the call's
+    first row: the value of the graph input or state named by `position` (`past.<state>` for a
+    state tensor), read before the call. Nothing is copied but the new rows."""
 
     input_name: str
     output_name: str
     shape: tuple[int, ...]
     dtype: str
     axis: int = 2
+    position: str = "position"
+    rows: int = 1  # rows per call
 
     @property
     def capacity(self) -> int:
         return self.shape[self.axis]
 
+    @property
+    def rows_shape(self) -> tuple[int, ...]:
+        return tuple(self.rows if i == self.axis else n for i, n in enumerate(self.shape))
+
+    def write(self, ring, rows, position: int) -> None:
+        """ring[..., (position + r) % T, ...] = rows[..., r, ...], in place. Plain slicing on
+        both sides: works on numpy arrays and torch tensors alike, with no temporary."""
+        target = [slice(None)] * len(self.shape)
+        source = [slice(None)] * len(self.shape)
+        for r in range(rows.shape[self.axis]):
+            target[self.axis] = (position + r) % self.capacity
+            source[self.axis] = r
+            ring[tuple(target)] = rows[tuple(source)]
+
     def to_dict(self) -> dict[str, Any]:
         return {"input": self.input_name, "output": self.output_name, "shape": list(self.shape),
-                "dtype": self.dtype, "axis": self.axis}
+                "dtype": self.dtype, "axis": self.axis, "position": self.position,
+                "rows": self.rows}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RingSpec":
         return cls(d["input"], d["output"], tuple(int(s) for s in d["shape"]), d["dtype"],
-                   int(d.get("axis", 2)))
+                   int(d.get("axis", 2)), d.get("position", "position"), int(d.get("rows", 1)))
 
 
 @dataclass
@@ -131,17 +150,20 @@ class GraphEntry:
                    dict(d.get("data_files", {})),
                    [RingSpec.from_dict(r) for r in d.get("rings", [])])
 
-    def split_rings(self) -> "GraphEntry":
-        """Moves KV ring inputs (`past_key_values.N.*`) and their row outputs (`present.N.*`)
+    def split_rings(self, input_prefix: str = "past_key_values.", output_prefix: str = "present.",
+                    position: str = "position") -> "GraphEntry":
+        """Moves KV ring inputs (`<input_prefix>X`) and their row outputs (`<output_prefix>X`)
         out of inputs/outputs into `rings`."""
         rings, inputs = [], []
         outputs = {t.name: t for t in self.outputs}
         for t in self.inputs:
-            if t.name.startswith("past_key_values."):
-                row = "present." + t.name.removeprefix("past_key_values.")
+            if t.name.startswith(input_prefix):
+                row = output_prefix + t.name.removeprefix(input_prefix)
                 if row not in outputs:
                     raise ValueError(f"{self.file}: ring {t.name} has no output {row}")
-                rings.append(RingSpec(t.name, row, t.shape, t.dtype))
+                axis = 2
+                rings.append(RingSpec(t.name, row, t.shape, t.dtype, axis, position,
+                                      outputs[row].shape[axis]))
                 outputs.pop(row)
             else:
                 inputs.append(t)

@@ -97,12 +97,13 @@ class OrtGraph:
         # KV rings: read whole by the graph, written one row per step by us, in place
         self.rings = {r.input_name: self._device_value(np.zeros(r.shape, _NP_DTYPES[r.dtype]))
                       for r in entry.rings}
-        self._rows = {r.output_name: self._device_value(np.zeros(
-            tuple(1 if i == r.axis else n for i, n in enumerate(r.shape)), _NP_DTYPES[r.dtype]))
-            for r in entry.rings}
+        self._rows = {r.output_name: self._device_value(np.zeros(r.rows_shape,
+                                                                 _NP_DTYPES[r.dtype]))
+                      for r in entry.rings}
         if entry.rings and self.device != "cpu":
             raise ModelDirError("KV rings on the GPU need the native TensorRT backend (not in "
                                 "this version); run this model with --device cpu")
+        self._positions = {r.input_name: 0 for r in entry.rings}
         self._bindings = [self._bind(read=i, write=1 - i) for i in range(2)]
         self._turn = 0
 
@@ -115,9 +116,8 @@ class OrtGraph:
             want_in[s.input_name] = (s.shape, s.dtype)
             want_out[s.output_name] = (s.shape, s.dtype)
         for r in self.entry.rings:
-            row = tuple(1 if i == r.axis else n for i, n in enumerate(r.shape))
             want_in[r.input_name] = (r.shape, r.dtype)
-            want_out[r.output_name] = (row, r.dtype)
+            want_out[r.output_name] = (r.rows_shape, r.dtype)
         have_in = {a.name: (tuple(a.shape), _ORT_TYPES.get(a.type, a.type))
                    for a in self.session.get_inputs()}
         have_out = {a.name: (tuple(a.shape), _ORT_TYPES.get(a.type, a.type))
@@ -150,24 +150,30 @@ class OrtGraph:
             binding.bind_ortvalue_output(r.output_name, self._rows[r.output_name])
         return binding
 
-    def write_rings(self, position: int) -> None:
-        """Stores the last step's new K/V rows at slot position % capacity of each ring."""
+    def ring_position(self, spec) -> int:
+        """Where the next call's first row goes: the graph input or state `spec.position`
+        names, as it is before the call (all batch rows share it)."""
+        if spec.position in self.inputs:
+            return int(self.inputs[spec.position].flat[0])
+        value = self._state[self._turn][spec.position.removeprefix("past.")]
+        return int(value.numpy().flat[0])
+
+    def write_rings(self, position: int | None = None) -> None:
+        """Stores the last call's new K/V rows in place at their slots of each ring."""
         for r in self.entry.rings:
-            ring = self.rings[r.input_name].numpy()  # shares the bound buffer
-            row = self._rows[r.output_name].numpy()
-            index = [slice(None)] * ring.ndim
-            index[r.axis] = position % r.capacity
-            source = [slice(None)] * ring.ndim
-            source[r.axis] = 0
-            ring[tuple(index)] = row[tuple(source)]  # views on both sides: no temporary
+            p = self._positions[r.input_name] if position is None else position
+            r.write(self.rings[r.input_name].numpy(), self._rows[r.output_name].numpy(), p)
 
     # -- per call -------------------------------------------------------------------------------
     def run(self) -> dict[str, np.ndarray]:
         if self.device != "cpu":
             for name, host in self.inputs.items():
                 self._dev_inputs[name].update_inplace(host)
+        for r in self.entry.rings:
+            self._positions[r.input_name] = self.ring_position(r)
         self.session.run_with_iobinding(self._bindings[self._turn])
         self._turn = 1 - self._turn
+        self.write_rings()
         if self.device != "cpu":
             for name, value in self._dev_outputs.items():
                 np.copyto(self.outputs[name], value.numpy())
@@ -184,12 +190,16 @@ class OrtGraph:
                 value.update_inplace(np.full(s.shape, s.init, _NP_DTYPES[s.dtype]))
 
     def state(self) -> dict[str, np.ndarray]:
-        """The current state as host arrays (a copy; for inspection and tests)."""
-        return {n: v.numpy().copy() for n, v in self._state[self._turn].items()}
+        """The current state, KV rings included, as host arrays (a copy; to save a stream, or
+        for inspection and tests)."""
+        out = {n: v.numpy().copy() for n, v in self._state[self._turn].items()}
+        out.update({n: v.numpy().copy() for n, v in self.rings.items()})
+        return out
 
     def set_state(self, arrays: dict[str, np.ndarray]) -> None:
         """Replaces the whole state (e.g. one saved with `state()`), checking every tensor."""
         specs = {s.name: s for s in self.entry.state}
+        specs.update({r.input_name: r for r in self.entry.rings})
         missing = sorted(set(specs) - set(arrays))
         unknown = sorted(set(arrays) - set(specs))
         if missing or unknown:
@@ -201,7 +211,7 @@ class OrtGraph:
                 raise StateError(f"{self.entry.file}: state '{name}' must be {spec.dtype} "
                                  f"{list(spec.shape)}, got {a.dtype} {list(a.shape)}")
         for name, a in arrays.items():
-            value = self._state[self._turn][name]
+            value = self.rings[name] if name in self.rings else self._state[self._turn][name]
             if self.device == "cpu":
                 np.copyto(value.numpy(), a)
             else:

@@ -201,8 +201,7 @@ class Session:
         else:
             np.copyto(h["extra_embedding"], extra.reshape(h["extra_embedding"].shape))
         h["position"][...] = self.ring.position
-        self.helium.run()
-        self.helium.write_rings(self.ring.position)
+        self.helium.run()  # also writes the step's K/V rows into the rings
 
     def step_tokens(self, user_codes: np.ndarray, forced_text: int | None = None,
                     forced_agent: np.ndarray | None = None,

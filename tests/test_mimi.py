@@ -13,6 +13,7 @@ from personaplex_edge.export.hub import MIMI_FILE, resolve_checkpoint
 from personaplex_edge.export.mimi import load_mimi
 from personaplex_edge.export.model_export import export_model
 from personaplex_edge.export.onnx_export import initial_state
+from personaplex_edge.export.streaming import advance
 from personaplex_edge.runtime.codec import Codec
 
 FRAMES = 140  # > 125: the real 250-slot window wraps; the tiny one (16) wraps many times
@@ -46,16 +47,20 @@ def test_torch_modules_match_reference(tiny_cfg, tiny_codec_checkpoint, tiny_ref
     pcm, ref_codes, ref_out = tiny_reference_run
     mimi = load_mimi(tiny_codec_checkpoint / MIMI_FILE, tiny_cfg.mimi)
     frame = tiny_cfg.mimi.frame_size
-    enc_state, dec_state = initial_state(mimi.encoder_state()), initial_state(mimi.decoder_state())
+    enc_rings, dec_rings = mimi.encoder_rings(), mimi.decoder_rings()
+    enc_state = initial_state(mimi.encoder_state()) | {
+        r.input_name: torch.zeros(r.shape) for r in enc_rings}
+    dec_state = initial_state(mimi.decoder_state()) | {
+        r.input_name: torch.zeros(r.shape) for r in dec_rings}
     with torch.no_grad():
         for i in range(FRAMES):
             codes, new = mimi.encode_step(torch.from_numpy(pcm[i * frame:(i + 1) * frame])
                                           .view(1, 1, -1), enc_state)
-            enc_state.update(new)
+            advance(enc_state, new, enc_rings)
             assert np.array_equal(codes[0].numpy(), ref_codes[i]), f"frame {i}"
             # decode the reference's codes so a code mismatch cannot hide a decoder error
             out, new = mimi.decode_step(torch.from_numpy(ref_codes[i])[None], dec_state)
-            dec_state.update(new)
+            advance(dec_state, new, dec_rings)
             np.testing.assert_allclose(out[0, 0].numpy(), ref_out[i * frame:(i + 1) * frame],
                                        atol=1e-4, err_msg=f"frame {i}")
 
