@@ -129,3 +129,19 @@ def test_vanishing_device_ends_with_a_message(tmp_path, demo_model_dir):
     assert mic.returncode == 2, err[-1500:]
     assert "stopped delivering samples" in err or "sound device failed" in err, err[-1500:]
     assert "Traceback" not in err
+
+
+def test_ctrl_c_stops_cleanly_with_a_summary(pulse_env, demo_model_dir):
+    import signal
+
+    mic = subprocess.Popen(
+        [sys.executable, "-m", "personaplex_edge.cli", "--mic", "--model", str(demo_model_dir),
+         "--no-persona"], env=pulse_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    time.sleep(6)
+    mic.send_signal(signal.SIGINT)
+    _, err = mic.communicate(timeout=30)
+    assert mic.returncode == 0, err[-1500:]
+    summary = next(line for line in err.splitlines() if line.startswith("stopped:"))
+    assert int(summary.split()[1]) > 0
+    assert "frame " in err and "Traceback" not in err
