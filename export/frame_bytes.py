@@ -28,13 +28,15 @@ DEVICES = {"Jetson AGX Orin": 204.8, "Jetson AGX Thor": 273.0, "RTX 4090": 1008.
            "H200": 4800.0}
 
 
+_HALF_BYTE = {TensorProto.INT4, TensorProto.UINT4}
+
+
 def _init_bytes(t: TensorProto) -> int:
-    for e in t.external_data:
-        if e.key == "length":
-            return int(e.value)
-    if t.HasField("raw_data"):
-        return len(t.raw_data)
-    return onnx.numpy_helper.to_array(t).nbytes
+    """Stored bytes of an initializer, from its type and shape (external data not read)."""
+    count = int(np.prod(t.dims, dtype=np.int64))
+    if t.data_type in _HALF_BYTE:
+        return (count + 1) // 2
+    return count * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
 
 
 def _tables(graph: onnx.GraphProto) -> set[str]:

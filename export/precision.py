@@ -15,7 +15,8 @@ tensor may pass through layout ops (Transpose, Reshape, Slice, Gather of table r
 reaches a MatMul; any other op gets a cast to float32 in front. Activations are one row per
 frame, so the casts cost nothing next to the weights.
 
-int8 / int4 are weight-only (symmetric, blockwise, see weight_quant.py), in one of two forms:
+int8 / int4 are weight-only (symmetric, blockwise, see weight_quant.py), in one of two forms
+(fp8, TensorRT only: float8 e4m3 weights with a scale per output channel, like int8 there):
 
     backend onnx       MatMulNBits (onnxruntime contrib op, CPU and CUDA), float32 activations;
                        accuracy_level 4 lets the CPU kernel use int8 dot products (measured on
@@ -50,10 +51,10 @@ from onnx import TensorProto, helper, numpy_helper
 from personaplex_edge.errors import PersonaPlexError
 from personaplex_edge.manifest import GraphEntry, Manifest, sha256_file
 
-from .weight_quant import (matmulnbits_layout, pack_int4, quantize_blockwise,
-                           quantize_per_channel)
+from .weight_quant import (block_for, matmulnbits_layout, pack_int4, quantize_blockwise,
+                           quantize_fp8, quantize_per_channel)
 
-PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int4")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int4", "fp8")
 LM_GRAPHS = ("helium_step", "depformer_step")
 Progress = Callable[[str], None]
 
@@ -96,6 +97,12 @@ def plan_for(precision: str, backend: str = "onnx", kv_dtype: str | None = None,
     if precision in ("fp16", "bf16"):
         low = "float16" if precision == "fp16" else "bfloat16"
         return PrecisionPlan(precision, low, kv_dtype or low)
+    if precision == "fp8":
+        if backend != "tensorrt":
+            raise PersonaPlexError("fp8 is a TensorRT precision (Ada and Hopper GPUs); for "
+                                   "onnxruntime use int8 or int4")
+        # float8 e4m3 weights, one fp16 scale per output channel, in fp16 islands
+        return PrecisionPlan("fp8", "float16", kv_dtype or "float16", 8, "qdq", 0)
     bits = 8 if precision == "int8" else 4
     if backend == "tensorrt":
         # TensorRT: dequantised fp16 weights in fp16 islands; int8 is per output channel
@@ -212,8 +219,9 @@ def quantize_linears(g: _Graph, plan: PrecisionPlan) -> int:
         a, w = node.input
         weight = g.array(w)  # [K, N]
         k, n = weight.shape
+        block = block_for(k, plan.block_size) if plan.block_size else 0
         if plan.weight_format == "matmulnbits":
-            bq = quantize_blockwise(weight, plan.bits, plan.block_size)
+            bq = quantize_blockwise(weight, plan.bits, block)
             packed, scales = matmulnbits_layout(bq)  # [N, n_blocks, blob], [N, n_blocks]
             q_name, s_name = g.fresh(f"{w}.q{plan.bits}"), g.fresh(f"{w}.scales")
             g.put(numpy_helper.from_array(packed, q_name))
@@ -221,15 +229,20 @@ def quantize_linears(g: _Graph, plan: PrecisionPlan) -> int:
             nodes.append(helper.make_node(
                 "MatMulNBits", [a, q_name, s_name], list(node.output), name=node.name,
                 domain="com.microsoft", K=k, N=n,
-                bits=plan.bits, block_size=plan.block_size, accuracy_level=plan.accuracy_level))
+                bits=plan.bits, block_size=block, accuracy_level=plan.accuracy_level))
         else:  # qdq
             q_name, s_name = g.fresh(f"{w}.q{plan.bits}"), g.fresh(f"{w}.scales")
-            if plan.bits == 4:
-                bq = quantize_blockwise(weight, 4, plan.block_size)
+            if plan.precision == "fp8":
+                q, scales = quantize_fp8(weight)
+                g.put(numpy_helper.from_array(q, q_name))
+                g.put(_to_dtype(scales, plan.compute, s_name))  # [N]
+                attrs = {"axis": 1}
+            elif plan.bits == 4:
+                bq = quantize_blockwise(weight, 4, block)
                 g.put(helper.make_tensor(q_name, TensorProto.INT4, [k, n],
                                          pack_int4(bq.q[:k]), raw=True))
                 g.put(_to_dtype(bq.scales, plan.compute, s_name))  # [n_blocks, N]
-                attrs = {"axis": 0, "block_size": plan.block_size}
+                attrs = {"axis": 0, "block_size": block}
             else:
                 q, scales = quantize_per_channel(weight, 8)
                 g.put(numpy_helper.from_array(q, q_name))

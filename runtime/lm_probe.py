@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -34,11 +35,16 @@ class GreedyRun:
 
 class GreedyLM:
     def __init__(self, model_dir: str | Path, manifest: Manifest | None = None,
-                 device: str = "cpu", threads: int | None = None):
+                 device: str = "cpu", threads: int | None = None,
+                 opener: Callable[[str], object] | None = None):
+        """`opener(graph name)` makes the graph objects (any with OrtGraph's surface); by
+        default the manifest's backend does (backends.open_graph)."""
         self.manifest = manifest or load_model_dir(model_dir, need="lm")
         self.cfg = self.manifest.config
-        self.helium = open_graph(model_dir, self.manifest, "helium_step", device, threads)
-        self.depformer = open_graph(model_dir, self.manifest, "depformer_step", device, threads)
+        opener = opener or (lambda name: open_graph(model_dir, self.manifest, name, device,
+                                                    threads))
+        self.helium = opener("helium_step")
+        self.depformer = opener("depformer_step")
         for graph in (self.helium, self.depformer):
             for name, buf in graph.inputs.items():
                 if name.endswith("temperature"):

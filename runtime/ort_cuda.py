@@ -1,0 +1,152 @@
+"""One graph on onnxruntime's CUDA (or TensorRT) provider with every buffer on the device,
+KV rings included: the GPU counterpart of OrtGraph, with the same surface.
+
+OrtGraph cannot keep KV rings on the GPU: an OrtValue on the device has no numpy view to write
+a row into. Here the buffers are our own device allocations (cuda-python), bound to
+onnxruntime's IO binding by raw pointer, so the ring write is the same single strided device
+copy the native TensorRT backend does (device_rings.DeviceRings). onnxruntime runs on our
+stream (`user_compute_stream`), so the copies and the graph are ordered on one stream.
+
+Optionally (`cuda_graph=True`) onnxruntime captures each run as a CUDA graph and replays it; it
+needs fixed addresses, which ping-pong state breaks, so each state parity gets its own graph id.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from personaplex_edge.errors import ModelDirError, StateError
+from personaplex_edge.manifest import GraphEntry
+
+from .cuda_runtime import (DeviceBuffer, PinnedArray, Stream, copy_to_device, copy_to_host,
+                           fill_zero)
+from .device_rings import DeviceRings, bind_rings_to_ort
+
+
+def cuda_providers(stream: Stream, device_id: int = 0, tensorrt: bool = False,
+                   cuda_graph: bool = False, trt_cache: str | Path | None = None) -> list:
+    """Provider list for a session that runs on `stream`; TensorRT's provider first when asked
+    (it takes the subgraphs it can, CUDA the rest)."""
+    cuda = {"device_id": str(device_id), "has_user_compute_stream": "1",
+            "user_compute_stream": str(stream.handle)}
+    if cuda_graph:
+        cuda["enable_cuda_graph"] = "1"
+    providers: list = [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
+    if tensorrt:
+        trt = {"device_id": str(device_id), "has_user_compute_stream": "1",
+               "user_compute_stream": str(stream.handle), "trt_timing_cache_enable": "True"}
+        if trt_cache is not None:
+            trt.update({"trt_engine_cache_enable": "True",
+                        "trt_engine_cache_path": str(trt_cache),
+                        "trt_timing_cache_path": str(trt_cache)})
+        if cuda_graph:
+            trt["trt_cuda_graph_enable"] = "True"
+        providers.insert(0, ("TensorrtExecutionProvider", trt))
+    return providers
+
+
+class OrtCudaGraph:
+    def __init__(self, model_dir: str | Path, entry: GraphEntry, stream: Stream | None = None,
+                 tensorrt: bool = False, cuda_graph: bool = False, device_id: int = 0,
+                 trt_cache: str | Path | None = None):
+        import onnxruntime as ort
+
+        from .ort_graph import session_options
+
+        self.entry = entry
+        self.device = "cuda"
+        self.stream = stream or Stream()
+        self._own_stream = stream is None
+        self._cuda_graph = cuda_graph
+        path = Path(model_dir) / entry.file
+        providers = cuda_providers(self.stream, device_id, tensorrt, cuda_graph, trt_cache)
+        try:
+            self.session = ort.InferenceSession(str(path), session_options(), providers=providers)
+        except Exception as e:
+            raise ModelDirError(f"onnxruntime cannot load {path} on the GPU: {e}") from e
+        wanted = "TensorrtExecutionProvider" if tensorrt else "CUDAExecutionProvider"
+        if wanted not in self.session.get_providers():
+            raise ModelDirError(f"onnxruntime did not enable {wanted} for {path.name} (it has "
+                                f"{', '.join(self.session.get_providers())}): install "
+                                "onnxruntime-gpu built for this CUDA, with its CUDA libraries")
+        self.providers = self.session.get_providers()
+        self._pinned_in = {t.name: PinnedArray(t.shape, t.dtype) for t in entry.inputs}
+        self._pinned_out = {t.name: PinnedArray(t.shape, t.dtype) for t in entry.outputs}
+        self.inputs = {n: p.array for n, p in self._pinned_in.items()}
+        self.outputs = {n: p.array for n, p in self._pinned_out.items()}
+        self._dev_in = {n: DeviceBuffer(p.array.nbytes) for n, p in self._pinned_in.items()}
+        self._dev_out = {n: DeviceBuffer(p.array.nbytes) for n, p in self._pinned_out.items()}
+        self._state = [{s.name: DeviceBuffer(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize)
+                        for s in entry.state} for _ in range(2)]
+        self.rings = DeviceRings(entry.rings, self.stream)
+        self._bindings = [self._bind(read=i, write=1 - i) for i in range(2)]
+        self._run_options = []
+        for parity in range(2):
+            opts = ort.RunOptions()
+            if cuda_graph:  # one captured graph per ping-pong parity
+                opts.add_run_config_entry("gpu_graph_id", str(parity + 1))
+            self._run_options.append(opts)
+        self._turn = 0
+        self.reset()
+
+    def _bind(self, read: int, write: int):
+        b = self.session.io_binding()
+        for t in self.entry.inputs:
+            b.bind_input(t.name, "cuda", 0, np.dtype(t.dtype), list(t.shape),
+                         self._dev_in[t.name].ptr)
+        for t in self.entry.outputs:
+            b.bind_output(t.name, "cuda", 0, np.dtype(t.dtype), list(t.shape),
+                          self._dev_out[t.name].ptr)
+        for s in self.entry.state:
+            b.bind_input(s.input_name, "cuda", 0, np.dtype(s.dtype), list(s.shape),
+                         self._state[read][s.name].ptr)
+            b.bind_output(s.output_name, "cuda", 0, np.dtype(s.dtype), list(s.shape),
+                          self._state[write][s.name].ptr)
+        bind_rings_to_ort(b, self.rings)
+        return b
+
+    def run(self) -> dict[str, np.ndarray]:
+        for name, pinned in self._pinned_in.items():
+            copy_to_device(self._dev_in[name].ptr, pinned.array, self.stream, pinned.ptr)
+        # onnxruntime runs on our stream, after the copies; it synchronizes before returning
+        self.session.run_with_iobinding(self._bindings[self._turn],
+                                        self._run_options[self._turn])
+        for name, pinned in self._pinned_out.items():
+            copy_to_host(pinned.array, self._dev_out[name].ptr, self.stream, pinned.ptr)
+        self.stream.synchronize()
+        self._turn = 1 - self._turn
+        return self.outputs
+
+    def write_rings(self, position: int) -> None:
+        self.rings.write(position, self.stream)  # ordered before the next run on the stream
+
+    def reset(self) -> None:
+        for s in self.entry.state:
+            buf = self._state[self._turn][s.name]
+            if s.init == 0.0:
+                fill_zero(buf.ptr, buf.nbytes, self.stream)
+            else:
+                init = np.full(s.shape, s.init, np.dtype(s.dtype))
+                copy_to_device(buf.ptr, init, self.stream)
+        self.stream.synchronize()
+
+    def state(self) -> dict[str, np.ndarray]:
+        out = {s.name: np.empty(s.shape, np.dtype(s.dtype)) for s in self.entry.state}
+        for name, a in out.items():
+            copy_to_host(a, self._state[self._turn][name].ptr, self.stream)
+        self.stream.synchronize()
+        return out
+
+    def set_state(self, arrays: dict[str, np.ndarray]) -> None:
+        specs = {s.name: s for s in self.entry.state}
+        if set(arrays) != set(specs):
+            raise StateError(f"{self.entry.file}: state must have exactly {sorted(specs)}")
+        for name, spec in specs.items():
+            a = np.ascontiguousarray(arrays[name])
+            if a.shape != spec.shape or a.dtype != np.dtype(spec.dtype):
+                raise StateError(f"{self.entry.file}: state '{name}' must be {spec.dtype} "
+                                 f"{list(spec.shape)}, got {a.dtype} {list(a.shape)}")
+            copy_to_device(self._state[self._turn][name].ptr, a, self.stream)
+        self.stream.synchronize()

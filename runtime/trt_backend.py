@@ -1,0 +1,253 @@
+"""One graph as a native TensorRT engine, with every buffer on the device.
+
+The same surface as `OrtGraph`: `inputs` / `outputs` are host arrays (write the former, call
+`run()`, read the latter), `reset()`, `write_rings(position)`, `state()` / `set_state()`. Inside:
+
+- inputs and outputs have a pinned host array and a device buffer each; per run only those are
+  copied (tokens, 1920 samples, a hidden vector, a few tokens back);
+- state ping-pongs between two device buffer sets, exactly as in OrtGraph (call n reads set A
+  and writes set B, call n + 1 the reverse), so no state is copied per frame;
+- the KV rings and their new rows are `DeviceRings`: one strided device copy per frame writes
+  every new row in place;
+- everything is queued on one CUDA stream: `enqueue()` queues a run without waiting, `run()`
+  waits for it. `link_input` feeds an input straight from another graph's device output
+  (helium's hidden state into the depformer) so a frame's graphs chain on the device, and
+  `cuda_graphs.CapturedSequence` can capture such a chain and replay it with one launch.
+
+Torch-free: TensorRT's Python bindings and cuda-python only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from personaplex_edge.errors import ModelDirError, StateError
+from personaplex_edge.manifest import GraphEntry, Manifest
+
+from .cuda_runtime import (CudaError, DeviceBuffer, PinnedArray, Stream, call, copy_to_device,
+                           copy_to_host, device_info, fill_zero)
+from .device_rings import DeviceRings, row_shape
+from .trt_engine import check_compatible, check_engine_file, engine_spec
+
+# TensorRT DataType names -> manifest dtypes
+_TRT_DTYPES = {"FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT64": "int64",
+               "INT32": "int32", "BOOL": "bool", "INT8": "int8", "UINT8": "uint8"}
+
+
+def import_tensorrt():
+    try:
+        import tensorrt
+    except ImportError as e:
+        raise ModelDirError(
+            "this model directory holds TensorRT engines, which need TensorRT's Python "
+            "bindings: pip install 'personaplex-edge[trt]' (NVIDIA hosts the TensorRT wheels "
+            "on pypi.nvidia.com; on a Jetson, use the JetPack TensorRT) - or export the model "
+            f"again with --backend onnx ({e})") from e
+    return tensorrt
+
+
+def host_dtype(dtype: str) -> np.dtype:
+    if dtype == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise StateError("bfloat16 tensors on the host need ml_dtypes: pip install "
+                             "ml_dtypes") from None
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
+
+def _nbytes(shape, dtype: str) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * host_dtype(dtype).itemsize
+
+
+class TrtGraph:
+    """A graph of a model directory as a TensorRT engine (see the module docstring)."""
+
+    def __init__(self, model_dir: str | Path, manifest: Manifest, entry: GraphEntry,
+                 stream: Stream | None = None, device: int = 0):
+        trt = import_tensorrt()
+        self.entry = entry
+        self.device = "cuda"
+        model_dir = Path(model_dir)
+        info = device_info(device)
+        spec = engine_spec(model_dir, entry)
+        check_compatible(spec, trt.__version__, info.compute_capability, info.name, model_dir)
+        # once the manifest lists engines, load_model_dir has hashed the file already
+        path = (model_dir / spec.file) if getattr(entry, "engine", None) else \
+            check_engine_file(model_dir, spec)
+        call("cudaSetDevice", device)
+        self.stream = stream or Stream()
+        self._own_stream = stream is None
+        self._logger = trt.Logger(trt.Logger.WARNING)
+        self._runtime = trt.Runtime(self._logger)
+        self.engine = self._runtime.deserialize_cuda_engine(path.read_bytes())
+        if self.engine is None:
+            raise ModelDirError(f"TensorRT could not load {path} (see its log above); rebuild "
+                                "the engines on this machine")
+        self._check_signature()
+        self.context = self.engine.create_execution_context()
+
+        self._pinned_in = {t.name: PinnedArray(t.shape, host_dtype(t.dtype))
+                           for t in entry.inputs}
+        self._pinned_out = {t.name: PinnedArray(t.shape, host_dtype(t.dtype))
+                            for t in entry.outputs}
+        self.inputs = {n: p.array for n, p in self._pinned_in.items()}
+        self.outputs = {n: p.array for n, p in self._pinned_out.items()}
+        self._dev_in = {t.name: DeviceBuffer(_nbytes(t.shape, t.dtype)) for t in entry.inputs}
+        self._dev_out = {t.name: DeviceBuffer(_nbytes(t.shape, t.dtype)) for t in entry.outputs}
+        self._linked: dict[str, int] = {}  # input -> device address of another graph's output
+        self._state = [{s.name: DeviceBuffer(_nbytes(s.shape, s.dtype)) for s in entry.state}
+                       for _ in range(2)]
+        # pinned initial values for state whose init is not zero (zero is a memset)
+        self._state_init = {}
+        for s in entry.state:
+            if s.init != 0.0:
+                pinned = PinnedArray(s.shape, host_dtype(s.dtype))
+                pinned.array[...] = s.init
+                self._state_init[s.name] = pinned
+        self.rings = DeviceRings(entry.rings, self.stream)
+        for name, buf in (*self._dev_in.items(), *self._dev_out.items()):
+            self._set_address(name, buf.ptr)
+        for name, ptr in (*self.rings.ring_ptr.items(), *self.rings.row_ptr.items()):
+            self._set_address(name, ptr)
+        self._turn = 0
+        self.reset()
+
+    # -- setup --------------------------------------------------------------------------------
+    def _check_signature(self) -> None:
+        """The engine's tensors must be exactly what the manifest promises: the same names,
+        each an input or an output as promised, with the same shape and dtype."""
+        import tensorrt as trt
+
+        e = self.entry
+        want: dict[str, tuple] = {}
+        for t in e.inputs:
+            want[t.name] = ("input", tuple(t.shape), t.dtype)
+        for t in e.outputs:
+            want[t.name] = ("output", tuple(t.shape), t.dtype)
+        for s in e.state:
+            want[s.input_name] = ("input", tuple(s.shape), s.dtype)
+            want[s.output_name] = ("output", tuple(s.shape), s.dtype)
+        for r in e.rings:
+            want[r.input_name] = ("input", tuple(r.shape), r.dtype)
+            want[r.output_name] = ("output", row_shape(r), r.dtype)
+        have: dict[str, tuple] = {}
+        for i in range(self.engine.num_io_tensors):
+            name = self.engine.get_tensor_name(i)
+            mode = self.engine.get_tensor_mode(name)
+            dtype = self.engine.get_tensor_dtype(name)
+            have[name] = ("input" if mode == trt.TensorIOMode.INPUT else "output",
+                          tuple(self.engine.get_tensor_shape(name)),
+                          _TRT_DTYPES.get(dtype.name, dtype.name))
+        problems = [f"{n}: manifest {want.get(n)}, engine {have.get(n)}"
+                    for n in sorted(set(want) | set(have)) if want.get(n) != have.get(n)]
+        if problems:
+            raise ModelDirError(f"the engine of {e.file} disagrees with the manifest; rebuild "
+                                "the engines:\n  " + "\n  ".join(problems[:10]))
+
+    def _set_address(self, name: str, ptr: int) -> None:
+        if not self.context.set_tensor_address(name, ptr):
+            raise CudaError(f"TensorRT refused the address of {name} in {self.entry.file}")
+
+    def link_input(self, name: str, source: "TrtGraph", output: str) -> None:
+        """Reads input `name` from `source`'s device output `output` instead of from the host:
+        the graphs of a frame then chain on the device (no copy through the host, and a CUDA
+        graph can capture them together). Both must use the same stream."""
+        if source.stream is not self.stream:
+            raise ValueError("linked graphs must share one stream")
+        if name not in self._dev_in or output not in source._dev_out:
+            raise StateError(f"cannot link {self.entry.file} input {name!r} to "
+                             f"{source.entry.file} output {output!r}")
+        self._linked[name] = source._dev_out[output].ptr
+        self._set_address(name, self._linked[name])
+
+    # -- per call -------------------------------------------------------------------------------
+    def enqueue(self, flip: bool = True) -> None:
+        """Queues one run on the stream: inputs to the device, the engine, outputs back.
+        Returns at once; `stream.synchronize()` (or `run()`) waits."""
+        for name, pinned in self._pinned_in.items():
+            if name not in self._linked:
+                copy_to_device(self._dev_in[name].ptr, pinned.array, self.stream, pinned.ptr)
+        read, write = self._state[self._turn], self._state[1 - self._turn]
+        for s in self.entry.state:
+            self._set_address(s.input_name, read[s.name].ptr)
+            self._set_address(s.output_name, write[s.name].ptr)
+        if not self.context.execute_async_v3(self.stream.handle):
+            raise CudaError(f"TensorRT could not run {self.entry.file} (see its log above)")
+        for name, pinned in self._pinned_out.items():
+            copy_to_host(pinned.array, self._dev_out[name].ptr, self.stream, pinned.ptr)
+        if flip:
+            self._turn = 1 - self._turn
+
+    def run(self) -> dict[str, np.ndarray]:
+        self.enqueue()
+        self.stream.synchronize()
+        return self.outputs
+
+    def write_rings(self, position: int) -> None:
+        """Stores the last run's new K/V rows at slot position % capacity, on the device (queued
+        on the stream, so ordered after that run and before the next)."""
+        self.rings.write(position, self.stream)
+
+    def reset(self) -> None:
+        """Back to the initial state, in place. Ring slots not written since are masked."""
+        for s in self.entry.state:
+            buf = self._state[self._turn][s.name]
+            if s.name in self._state_init:
+                pinned = self._state_init[s.name]
+                copy_to_device(buf.ptr, pinned.array, self.stream, pinned.ptr)
+            else:
+                fill_zero(buf.ptr, buf.nbytes, self.stream)
+        self.stream.synchronize()
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The current state as host arrays (a copy; for inspection and tests)."""
+        out = {s.name: np.empty(s.shape, host_dtype(s.dtype)) for s in self.entry.state}
+        for name, a in out.items():
+            copy_to_host(a, self._state[self._turn][name].ptr, self.stream)
+        self.stream.synchronize()
+        return out
+
+    def set_state(self, arrays: dict[str, np.ndarray]) -> None:
+        specs = {s.name: s for s in self.entry.state}
+        missing, unknown = sorted(set(specs) - set(arrays)), sorted(set(arrays) - set(specs))
+        if missing or unknown:
+            raise StateError(f"{self.entry.file}: state is missing {missing or 'nothing'} and "
+                             f"has unknown {unknown or 'nothing'}")
+        staged = {}
+        for name, spec in specs.items():
+            a = np.ascontiguousarray(arrays[name])
+            if a.shape != spec.shape or a.dtype != host_dtype(spec.dtype):
+                raise StateError(f"{self.entry.file}: state '{name}' must be {spec.dtype} "
+                                 f"{list(spec.shape)}, got {a.dtype} {list(a.shape)}")
+            staged[name] = a
+        for name, a in staged.items():
+            copy_to_device(self._state[self._turn][name].ptr, a, self.stream)
+        self.stream.synchronize()  # the pageable sources must outlive the copies
+
+    def set_input(self, name: str, value: np.ndarray) -> None:
+        target = self.inputs.get(name)
+        if target is None:
+            raise StateError(f"{self.entry.file} has no input '{name}'; it takes "
+                             + ", ".join(self.inputs))
+        if value.shape != target.shape:
+            raise StateError(f"{self.entry.file} input '{name}' must have shape "
+                             f"{list(target.shape)}, got {list(value.shape)}")
+        np.copyto(target, value, casting="same_kind")
+
+    def close(self) -> None:
+        """Frees the device and pinned memory now (otherwise at process exit)."""
+        self.stream.synchronize()
+        for buf in (*self._dev_in.values(), *self._dev_out.values(),
+                    *(b for s in self._state for b in s.values())):
+            buf.close()
+        for pinned in (*self._pinned_in.values(), *self._pinned_out.values(),
+                       *self._state_init.values()):
+            pinned.close()
+        self.rings.close()
+        self.context = self.engine = None
+        if self._own_stream:
+            self.stream.close()

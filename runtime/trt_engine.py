@@ -1,0 +1,96 @@
+"""What a TensorRT engine was built for, and the refusal of one built for something else.
+
+A serialized engine only runs with the TensorRT version that built it and on GPUs of the compute
+capability it was built on; loaded elsewhere, TensorRT fails with an opaque deserialisation
+error, or worse, picks kernels the GPU lacks. So every engine carries an `EngineSpec` (in the
+manifest's graph entry, key "engine"; until the manifest has that field, in `engines.json`
+beside it), and the runtime compares it with the machine before it deserialises anything.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from personaplex_edge.errors import ModelDirError
+from personaplex_edge.manifest import GraphEntry, sha256_file
+
+SIDECAR = "engines.json"
+REBUILD = ("rebuild the engines on this machine: python -m personaplex_edge.export."
+           "tensorrt_build --model {model_dir}")
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    file: str  # the serialized engine, relative to the model directory
+    sha256: str
+    tensorrt_version: str  # trt.__version__ of the builder, e.g. "10.8.0.43"
+    compute_capability: str  # "9.0" (H100/H200), "8.7" (Jetson Orin), "8.9" (RTX 4090)
+    device_name: str  # for the user's information only
+    precision: str  # the model directory's precision when built
+    build_seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "EngineSpec":
+        return cls(d["file"], d["sha256"], d["tensorrt_version"], d["compute_capability"],
+                   d.get("device_name", "?"), d.get("precision", "?"),
+                   float(d.get("build_seconds", 0.0)))
+
+
+def engine_spec(model_dir: str | Path, entry: GraphEntry) -> EngineSpec:
+    """The engine of a graph: from the entry's `engine` field, else from the sidecar."""
+    data = getattr(entry, "engine", None)
+    if data is None:
+        path = Path(model_dir) / SIDECAR
+        try:
+            data = json.loads(path.read_text()).get(entry.file)
+        except FileNotFoundError:
+            data = None
+        except (OSError, json.JSONDecodeError) as e:
+            raise ModelDirError(f"cannot read {path}: {e}; {REBUILD.format(model_dir=model_dir)}"
+                                ) from e
+    if data is None:
+        raise ModelDirError(f"{model_dir}: {entry.file} has no TensorRT engine; "
+                            + REBUILD.format(model_dir=model_dir))
+    return data if isinstance(data, EngineSpec) else EngineSpec.from_dict(data)
+
+
+def check_compatible(spec: EngineSpec, tensorrt_version: str, compute_capability: str,
+                     device_name: str, model_dir: str | Path) -> None:
+    """Raises ModelDirError unless the engine was built by this TensorRT for this GPU type."""
+    problems = []
+    if spec.tensorrt_version != tensorrt_version:
+        problems.append(f"TensorRT {spec.tensorrt_version} built it, this is {tensorrt_version}")
+    if spec.compute_capability != compute_capability:
+        problems.append(f"it was built for compute capability {spec.compute_capability} "
+                        f"({spec.device_name}), this GPU is {compute_capability} "
+                        f"({device_name})")
+    if problems:
+        raise ModelDirError(f"{model_dir}/{spec.file} cannot run here: " + "; ".join(problems)
+                            + ". " + REBUILD.format(model_dir=model_dir)[0].upper()
+                            + REBUILD.format(model_dir=model_dir)[1:])
+
+
+def check_engine_file(model_dir: str | Path, spec: EngineSpec) -> Path:
+    """The engine's path, after checking that it exists and matches its sha256 (the manifest
+    check covers it once the manifest lists engines; the sidecar needs this)."""
+    path = Path(model_dir) / spec.file
+    if not path.is_file():
+        raise ModelDirError(f"{path} is missing; " + REBUILD.format(model_dir=model_dir))
+    if sha256_file(path) != spec.sha256:
+        raise ModelDirError(f"{path} does not match its sha256 (changed or corrupted); "
+                            + REBUILD.format(model_dir=model_dir))
+    return path
+
+
+def write_sidecar(model_dir: str | Path, specs: dict[str, EngineSpec]) -> None:
+    """{graph file: EngineSpec} -> engines.json (used while GraphEntry has no `engine` field)."""
+    from personaplex_edge.manifest import _write_text_atomic
+
+    _write_text_atomic(Path(model_dir) / SIDECAR,
+                       json.dumps({k: v.to_dict() for k, v in specs.items()}, indent=2))

@@ -1,0 +1,436 @@
+"""The prepared GPU check: exports a tiny and a mid-size random model, converts precisions,
+builds TensorRT engines, compares greedy tokens with onnxruntime on the CPU, and prints per-stage
+ms/frame for each backend and precision, then the full-size 7B bandwidth estimate.
+
+    python scripts/gpu_check.py [--budget-s 480] [--work DIR] [--frames 100] [--cpu-only]
+                                [--configs tiny,mid] [--json out.json]
+
+Run through scripts/gpu_check.sh on a GPU machine (it installs what is needed first). Every
+stage is fenced: a failure is printed with its reason and the check goes on; stages that would
+not fit in the remaining time budget are skipped and say so. --cpu-only runs the same script
+with every GPU stage skipped (for checking the script itself on a machine without a GPU).
+
+Backends timed (each on the same precision's graphs; tokens compared with onnxruntime CPU):
+    ort-cpu     onnxruntime CPU, all cores (OrtGraph)
+    ort-cuda    onnxruntime CUDA provider, every buffer on the device, KV rings written on the
+                device (runtime/ort_cuda.OrtCudaGraph)
+    trt         native TensorRT engines, eager (runtime/trt_backend.TrtGraph)
+    trt-graph   the same engines, helium + depformer chained on the device and replayed as one
+                CUDA graph per frame (runtime/cuda_graphs.CapturedSequence)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+RESULTS: list[dict] = []
+TIMINGS: list[dict] = []
+
+
+def say(msg: str = "") -> None:
+    print(msg, flush=True)
+
+
+class Budget:
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+
+def stage(name: str, fn, budget: Budget, need_s: float = 0.0, gpu: bool = False,
+          cpu_only: bool = False):
+    """Runs fn() fenced: prints and records ok / FAILED (with the reason) / skipped."""
+    if gpu and cpu_only:
+        RESULTS.append({"stage": name, "status": "skipped", "detail": "--cpu-only"})
+        say(f"[skipped] {name}: --cpu-only")
+        return None
+    if budget.left() < need_s:
+        RESULTS.append({"stage": name, "status": "skipped",
+                        "detail": f"time budget ({budget.left():.0f} s left, needs ~{need_s:.0f})"})
+        say(f"[skipped] {name}: not enough time left ({budget.left():.0f} s)")
+        return None
+    say(f"[....] {name}")
+    t0 = time.perf_counter()
+    try:
+        out = fn()
+    except Exception as e:  # noqa: BLE001 - the point is to report and go on
+        seconds = time.perf_counter() - t0
+        detail = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        RESULTS.append({"stage": name, "status": "FAILED", "seconds": seconds, "detail": detail})
+        say(f"[FAILED] {name} ({seconds:.1f} s): {detail}")
+        say("".join(traceback.format_exc().splitlines(keepends=True)[-6:]))
+        return None
+    seconds = time.perf_counter() - t0
+    detail = out if isinstance(out, str) else ""
+    RESULTS.append({"stage": name, "status": "ok", "seconds": seconds, "detail": detail})
+    say(f"[ok] {name} ({seconds:.1f} s){': ' + detail if detail else ''}")
+    return out
+
+
+# ---- building -------------------------------------------------------------------------------------
+
+def export_fp32(cfg, work: Path) -> Path:
+    from bench_precision import build_fp32
+
+    return build_fp32(cfg, work)
+
+
+def convert(fp32: Path, work: Path, precision: str, backend: str) -> Path:
+    from personaplex_edge.export.precision import convert_model_dir
+
+    out = work / f"{precision}-{backend}"
+    if not (out / "manifest.json").is_file():
+        if precision == "fp32":
+            import shutil
+
+            shutil.copytree(fp32, out)
+            from personaplex_edge.manifest import load_model_dir, write_manifest
+
+            write_manifest(out, dataclasses.replace(load_model_dir(out), backend=backend))
+        else:
+            convert_model_dir(fp32, out, precision, backend=backend, progress=lambda s: None)
+    return out
+
+
+def engines(model_dir: Path, graphs: list[str]) -> str:
+    from personaplex_edge.export.tensorrt_build import build_engines
+    from personaplex_edge.manifest import load_model_dir, write_manifest
+
+    manifest = build_engines(model_dir, load_model_dir(model_dir), graphs=graphs,
+                             progress=lambda s: say("    " + s.strip()))
+    write_manifest(model_dir, manifest)
+    sizes = {g: (model_dir / (g + ".engine")).stat().st_size / 1e6 for g in graphs}
+    onnx_mb = {g: sum((model_dir / f).stat().st_size for f in
+                      (manifest.graphs[g].file, *manifest.graphs[g].data_files)) / 1e6
+               for g in graphs}
+    # an engine about as big as its graph's weights kept them in the stored precision
+    return ", ".join(f"{g}.engine {sizes[g]:.0f} MB (onnx {onnx_mb[g]:.0f} MB)" for g in graphs)
+
+
+# ---- running --------------------------------------------------------------------------------------
+
+def open_lm(model_dir: Path, backend: str):
+    """A GreedyLM whose graphs run on `backend` (see the module docstring)."""
+    from personaplex_edge.manifest import load_model_dir
+    from personaplex_edge.runtime.lm_probe import GreedyLM
+
+    manifest = load_model_dir(model_dir)
+    if backend == "ort-cpu":
+        return GreedyLM(model_dir, dataclasses.replace(manifest, backend="onnx"), device="cpu")
+    if backend == "ort-cuda":
+        from personaplex_edge.runtime.cuda_runtime import Stream
+        from personaplex_edge.runtime.ort_cuda import OrtCudaGraph
+
+        stream = Stream()
+        return GreedyLM(model_dir, manifest, opener=lambda name: OrtCudaGraph(
+            model_dir, manifest.graphs[name], stream=stream))
+    if backend == "trt":
+        return GreedyLM(model_dir, dataclasses.replace(manifest, backend="tensorrt"))
+    raise ValueError(backend)
+
+
+def run_captured(model_dir: Path, user: np.ndarray, forced: np.ndarray | None):
+    """helium + depformer as one CUDA graph per frame; the ring write queued after it."""
+    from personaplex_edge.manifest import load_model_dir
+    from personaplex_edge.runtime.cuda_graphs import CapturedSequence
+    from personaplex_edge.runtime.trt_backend import TrtGraph
+    from personaplex_edge.streams import TokenRing
+
+    manifest = load_model_dir(model_dir)
+    helium = TrtGraph(model_dir, manifest, manifest.graphs["helium_step"])
+    depformer = TrtGraph(model_dir, manifest, manifest.graphs["depformer_step"],
+                         stream=helium.stream)
+    depformer.link_input("hidden", helium, "hidden")
+    depformer.link_input("text_token", helium, "text_token")
+    for g in (helium, depformer):
+        for name, buf in g.inputs.items():
+            if name.endswith("temperature"):
+                buf[...] = 1.0
+    seq = CapturedSequence([helium, depformer])
+    ring = TokenRing(manifest.config)
+    tokens = np.zeros((len(user), 9), np.int64)
+    ms = np.zeros(len(user))
+    for t in range(len(user)):
+        ring.write_user(user[t][None])
+        t0 = time.perf_counter()
+        helium.inputs["tokens"][...] = ring.step_input()
+        helium.inputs["position"][...] = ring.position
+        seq.launch()
+        helium.write_rings(ring.position)
+        seq.synchronize()
+        ms[t] = 1000 * (time.perf_counter() - t0)
+        tokens[t, 0] = helium.outputs["text_token"][0]
+        tokens[t, 1:] = depformer.outputs["audio_tokens"][0]
+        fed = tokens[t] if forced is None else forced[t]
+        ring.write_generated(fed[:1], fed[None, 1:])
+    seq.close()
+    return tokens, ms
+
+
+def time_lm(label: str, model_dir: Path, backend: str, user: np.ndarray,
+            reference: np.ndarray | None, warmup: int = 5) -> str:
+    from personaplex_edge.runtime.lm_probe import agreement
+
+    if backend == "trt-graph":
+        tokens, total = run_captured(model_dir, user, reference)
+        temporal = depformer = None
+    else:
+        run = open_lm(model_dir, backend).run(user, forced=reference)
+        tokens, total = run.tokens, run.temporal_ms + run.depformer_ms
+        temporal, depformer = run.temporal_ms[warmup:].mean(), run.depformer_ms[warmup:].mean()
+    row = {"model": label, "backend": backend, "total_ms": float(np.mean(total[warmup:])),
+           "p90_ms": float(np.percentile(total[warmup:], 90)),
+           "temporal_ms": None if temporal is None else float(temporal),
+           "depformer_ms": None if depformer is None else float(depformer)}
+    if reference is not None:
+        row["agreement"] = agreement(tokens, reference)
+    else:
+        row["tokens"] = tokens
+    TIMINGS.append(row)
+    agree = ""
+    if reference is not None:
+        a = row["agreement"]
+        agree = f", tokens vs ort-cpu: text {a['text']:.1%} audio {a['audio']:.1%}"
+    return f"{row['total_ms']:.2f} ms/frame (p90 {row['p90_ms']:.2f}){agree}"
+
+
+def time_codec(label: str, model_dir: Path, backend: str, frames: int = 60) -> str:
+    """Mimi encode + decode per frame (random audio), on `backend` (ort-cpu, ort-cuda, trt)."""
+    from personaplex_edge.manifest import load_model_dir
+
+    manifest = load_model_dir(model_dir)
+    graphs = {}
+    for name in ("mimi_encoder", "mimi_decoder"):
+        if backend == "ort-cpu":
+            from personaplex_edge.runtime.ort_graph import OrtGraph
+
+            graphs[name] = OrtGraph(model_dir, manifest.graphs[name])
+        elif backend == "ort-cuda":
+            from personaplex_edge.runtime.ort_cuda import OrtCudaGraph
+
+            graphs[name] = OrtCudaGraph(model_dir, manifest.graphs[name])
+        else:
+            from personaplex_edge.runtime.trt_backend import TrtGraph
+
+            graphs[name] = TrtGraph(model_dir, manifest, manifest.graphs[name])
+    enc, dec = graphs["mimi_encoder"], graphs["mimi_decoder"]
+    rng = np.random.default_rng(0)
+    e_ms, d_ms, codes = [], [], []
+    for _ in range(frames):
+        enc.inputs["pcm"][...] = rng.standard_normal(enc.inputs["pcm"].shape) * 0.1
+        t0 = time.perf_counter()
+        c = enc.run()["codes"].copy()
+        t1 = time.perf_counter()
+        dec.inputs["codes"][...] = c
+        dec.run()
+        t2 = time.perf_counter()
+        e_ms.append(1000 * (t1 - t0))
+        d_ms.append(1000 * (t2 - t1))
+        codes.append(c)
+    row = {"model": label, "backend": backend, "encode_ms": float(np.mean(e_ms[5:])),
+           "decode_ms": float(np.mean(d_ms[5:])), "codes": np.array(codes)}
+    TIMINGS.append(row)
+    return f"encode {row['encode_ms']:.2f} ms, decode {row['decode_ms']:.2f} ms per frame"
+
+
+# ---- report ---------------------------------------------------------------------------------------
+
+def environment(cpu_only: bool) -> str:
+    import onnxruntime as ort
+
+    parts = [f"python {sys.version.split()[0]}", f"onnxruntime {ort.__version__} "
+             f"({', '.join(ort.get_available_providers())})"]
+    try:
+        import tensorrt
+
+        parts.append(f"tensorrt {tensorrt.__version__}")
+    except ImportError:
+        parts.append("tensorrt: not installed")
+    if not cpu_only:
+        from personaplex_edge.runtime.cuda_runtime import device_info
+
+        info = device_info(0)
+        parts.append(f"GPU {info.name}, compute capability {info.compute_capability}, "
+                     f"{info.total_memory / 2**30:.0f} GiB, driver CUDA {info.driver_version}")
+    return "; ".join(parts)
+
+
+def report(bytes_mid: dict[str, int]) -> None:
+    from personaplex_edge.config import PersonaPlexConfig
+    from personaplex_edge.export.frame_bytes import (DEVICES, estimate_bytes_per_frame,
+                                                     floor_ms, layout_for)
+    from personaplex_edge.export.precision import plan_for
+
+    say("\n## Stages\n")
+    for r in RESULTS:
+        say(f"- {r['status']:7s} {r['stage']} ({r.get('seconds', 0):.1f} s) {r['detail']}")
+    say("\n## LM per frame (greedy, tokens compared with onnxruntime CPU on the same graphs)\n")
+    say("| model | backend | temporal ms | depformer ms | total ms | p90 ms | text agree | "
+        "audio agree |")
+    say("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for t in TIMINGS:
+        if "total_ms" not in t:
+            continue
+        a = t.get("agreement")
+        fmt = (lambda v: "" if v is None else f"{v:.2f}")
+        say(f"| {t['model']} | {t['backend']} | {fmt(t['temporal_ms'])} | "
+            f"{fmt(t['depformer_ms'])} | {t['total_ms']:.2f} | {t['p90_ms']:.2f} | "
+            + (f"{a['text']:.1%} | {a['audio']:.1%} |" if a else "(reference) | |"))
+    codec = [t for t in TIMINGS if "encode_ms" in t]
+    if codec:
+        say("\n## Codec per frame (float32)\n")
+        say("| model | backend | encode ms | decode ms |")
+        say("| --- | --- | ---: | ---: |")
+        for t in codec:
+            say(f"| {t['model']} | {t['backend']} | {t['encode_ms']:.2f} | {t['decode_ms']:.2f} |")
+    say("\n## Full 7B: bytes per frame and bandwidth floor (estimate, not measured)\n")
+    cfg = PersonaPlexConfig()
+    say("| precision | GB/frame | " + " | ".join(f"{d} ms" for d in DEVICES) + " |")
+    say("| --- | ---: |" + " ---: |" * len(DEVICES))
+    for label, plan in (("fp16", plan_for("fp16", "tensorrt")),
+                        ("bf16", plan_for("bf16", "tensorrt")),
+                        ("int8 (TensorRT)", plan_for("int8", "tensorrt")),
+                        ("int4 (TensorRT)", plan_for("int4", "tensorrt")),
+                        ("int4 (onnxruntime), KV fp16", plan_for("int4", kv_dtype="float16"))):
+        b = estimate_bytes_per_frame(cfg, layout_for(plan))["total"]
+        say(f"| {label} | {b / 1e9:.2f} | "
+            + " | ".join(f"{floor_ms(b, bw):.1f}" for bw in DEVICES.values()) + " |")
+    # projection from the measured mid model: achieved bandwidth carried over to the 7B bytes
+    for t in TIMINGS:
+        key = t["model"]
+        if "total_ms" in t and key in bytes_mid and t["backend"].startswith("trt"):
+            precision = key.split(" ")[-1].split("-")[0]
+            try:
+                plan = plan_for(precision, "tensorrt")
+            except Exception:  # noqa: BLE001
+                continue
+            gbps = bytes_mid[key] / (t["total_ms"] / 1000) / 1e9
+            full = estimate_bytes_per_frame(cfg, layout_for(plan))["total"]
+            say(f"- {key} on {t['backend']}: {bytes_mid[key] / 1e6:.0f} MB/frame in "
+                f"{t['total_ms']:.2f} ms = {gbps:.0f} GB/s; at that rate the 7B "
+                f"({full / 1e9:.1f} GB/frame) would take {full / (gbps * 1e9) * 1000:.1f} ms "
+                "(target: <= 10 ms/frame on an H200 in fp16)")
+
+
+# ---- main -----------------------------------------------------------------------------------------
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--budget-s", type=float, default=480)
+    ap.add_argument("--work", default="/tmp/personaplex_gpu_check")
+    ap.add_argument("--frames", type=int, default=100)
+    ap.add_argument("--configs", default="tiny,mid")
+    ap.add_argument("--cpu-only", action="store_true")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    budget = Budget(args.budget_s)
+    cpu_only = args.cpu_only
+    work = Path(args.work)
+    from bench_precision import config
+
+    say(f"# PersonaPlex-edge GPU check ({time.strftime('%Y-%m-%d %H:%M')})")
+    stage("environment", lambda: environment(cpu_only), budget)
+    if not cpu_only:
+        import onnxruntime as ort
+
+        from personaplex_edge.runtime.cuda_runtime import gpu_available
+
+        if hasattr(ort, "preload_dlls"):  # CUDA/cuDNN from their pip wheels (onnxruntime-gpu)
+            try:
+                ort.preload_dlls()
+            except Exception as e:  # noqa: BLE001
+                say(f"onnxruntime.preload_dlls failed: {e}")
+
+        ok, why = gpu_available()
+        if not ok:
+            say(f"no usable GPU ({why}): GPU stages are skipped")
+            cpu_only = True
+    try:
+        import tensorrt  # noqa: F401
+        have_trt = True
+    except ImportError:
+        have_trt = False
+    bytes_mid: dict[str, int] = {}
+    frames = {"tiny": 60, "mid": args.frames}
+    # per config: precisions converted for each backend, most important first
+    plans = {"tiny": [("fp32", "tensorrt"), ("fp16", "tensorrt"), ("int4", "onnx"),
+                      ("int4", "tensorrt")],
+             "mid": [("fp16", "tensorrt"), ("fp32", "tensorrt"), ("int4", "tensorrt"),
+                     ("int4", "onnx"), ("bf16", "tensorrt"), ("int8", "tensorrt"),
+                     ("fp8", "tensorrt")]}
+    for name in [c for c in args.configs.split(",") if c]:
+        cfg = config(name)
+        root = work / name
+        root.mkdir(parents=True, exist_ok=True)
+        fp32 = stage(f"{name}: export float32 (random weights)",
+                     lambda: export_fp32(cfg, root), budget, need_s=60)
+        if fp32 is None:
+            continue
+        user = np.random.default_rng(0).integers(0, cfg.audio_vocab_size,
+                                                 (frames[name] + 5, 8)).astype(np.int64)
+        for precision, backend in plans[name]:
+            label = f"{name} {precision}-{backend}"
+            need = 30 if name == "tiny" else 120
+            model = stage(f"{label}: convert", lambda: convert(fp32, root, precision, backend),
+                          budget, need_s=need)
+            if model is None:
+                continue
+            from personaplex_edge.export.frame_bytes import model_bytes_per_frame
+            from personaplex_edge.manifest import load_model_dir
+
+            counted = model_bytes_per_frame(model, load_model_dir(model))
+            bytes_mid[label] = sum(counted.values())
+            ref = None
+            if precision != "bf16":  # onnxruntime's CPU has no bf16 MatMul
+                out = stage(f"{label}: ort-cpu", lambda: time_lm(label, model, "ort-cpu", user,
+                                                                 None), budget, need_s=20)
+                if out is not None:
+                    ref = next(t["tokens"] for t in reversed(TIMINGS)
+                               if t.get("model") == label and "tokens" in t)
+                if backend == "onnx" or precision in ("fp32", "fp16"):
+                    stage(f"{label}: ort-cuda", lambda: time_lm(label, model, "ort-cuda", user,
+                                                                ref), budget, 20, gpu=True,
+                          cpu_only=cpu_only)
+            if backend == "tensorrt" and have_trt:
+                lm_graphs = ["helium_step", "depformer_step"]
+                built = stage(f"{label}: build TensorRT engines", lambda: engines(model, lm_graphs),
+                              budget, need_s=90 if name == "mid" else 30, gpu=True,
+                              cpu_only=cpu_only)
+                if built is not None:
+                    for trt_backend in ("trt", "trt-graph"):
+                        stage(f"{label}: {trt_backend}",
+                              lambda: time_lm(label, model, trt_backend, user, ref), budget, 20,
+                              gpu=True, cpu_only=cpu_only)
+            elif backend == "tensorrt":
+                RESULTS.append({"stage": f"{label}: TensorRT", "status": "skipped",
+                                "detail": "tensorrt is not installed"})
+        if name == "tiny":
+            model = root / "fp32-tensorrt"
+            if (model / "manifest.json").is_file():
+                for b in ("ort-cpu", "ort-cuda"):
+                    stage(f"tiny codec: {b}", lambda: time_codec("tiny fp32", model, b),
+                          budget, 15, gpu=b != "ort-cpu", cpu_only=cpu_only)
+    report(bytes_mid)
+    if args.json or os.environ.get("OUT"):
+        path = Path(args.json or Path(os.environ["OUT"]) / "gpu_check.json")
+        clean = [{k: v for k, v in t.items() if k not in ("tokens", "codes")} for t in TIMINGS]
+        path.write_text(json.dumps({"stages": RESULTS, "timings": clean}, indent=2))
+        say(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,285 @@
+"""TensorRT engines and the GPU backends.
+
+Without a GPU only the parts that need none run: the engine record and its refusal, the ring
+write's address arithmetic (on a simulated device memory), the refusal of onnxruntime-only
+graphs. Everything that needs CUDA and TensorRT skips with the reason; scripts/gpu_check.sh runs
+the same paths at full size on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from personaplex_edge.config import preset
+from personaplex_edge.errors import ModelDirError
+from personaplex_edge.manifest import RingSpec, load_model_dir
+from personaplex_edge.runtime.trt_engine import (EngineSpec, check_compatible, engine_spec,
+                                                 write_sidecar)
+
+
+def _gpu_reason() -> str | None:
+    """None when CUDA (through cuda-python) and TensorRT are usable, else why not."""
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        return "TensorRT's Python bindings are not installed (pip install tensorrt)"
+    from personaplex_edge.runtime.cuda_runtime import gpu_available
+
+    ok, why = gpu_available()
+    return None if ok else f"no usable CUDA device: {why}"
+
+
+needs_gpu = pytest.mark.skipif(_gpu_reason() is not None, reason=str(_gpu_reason()))
+
+SPEC = EngineSpec("helium_step.engine", "0" * 64, "10.8.0.43", "9.0", "NVIDIA H200", "fp16",
+                  12.5)
+
+
+# ---- no GPU needed ------------------------------------------------------------------------------
+
+def test_engine_spec_round_trip_and_sidecar(tmp_path):
+    from personaplex_edge.manifest import GraphEntry
+
+    assert EngineSpec.from_dict(json.loads(json.dumps(SPEC.to_dict()))) == SPEC
+    write_sidecar(tmp_path, {"helium_step.onnx": SPEC})
+    entry = GraphEntry("helium_step.onnx", "x", [], [])
+    assert engine_spec(tmp_path, entry) == SPEC
+    with pytest.raises(ModelDirError, match="has no TensorRT engine.*tensorrt_build"):
+        engine_spec(tmp_path, GraphEntry("depformer_step.onnx", "x", [], []))
+
+
+def test_engine_from_another_tensorrt_or_gpu_is_refused():
+    check_compatible(SPEC, "10.8.0.43", "9.0", "NVIDIA H200", "m")  # the same: fine
+    with pytest.raises(ModelDirError) as e:
+        check_compatible(SPEC, "10.9.0.34", "8.7", "Orin", "/models/pp")
+    message = str(e.value)
+    assert "TensorRT 10.8.0.43 built it, this is 10.9.0.34" in message
+    assert "compute capability 9.0 (NVIDIA H200), this GPU is 8.7 (Orin)" in message
+    assert "tensorrt_build --model /models/pp" in message
+    with pytest.raises(ModelDirError, match="compute capability"):
+        check_compatible(SPEC, "10.8.0.43", "8.9", "RTX 4090", "m")
+
+
+def test_onnxruntime_only_graphs_are_not_built(tmp_path):
+    """A MatMulNBits graph (the onnx backend's int4) is refused before TensorRT is asked."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from personaplex_edge.export.tensorrt_build import _uses_contrib_ops
+
+    node = helper.make_node("MatMulNBits", ["A", "B", "S"], ["Y"], domain="com.microsoft",
+                            K=32, N=8, bits=4, block_size=32)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT,
+                                                                     [1, 32])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 8])])
+    onnx.save(helper.make_model(g), str(tmp_path / "q.onnx"))
+    assert _uses_contrib_ops(tmp_path / "q.onnx")
+    plain = helper.make_graph([helper.make_node("Relu", ["A"], ["Y"])], "g", g.input, g.output)
+    onnx.save(helper.make_model(plain), str(tmp_path / "p.onnx"))
+    assert not _uses_contrib_ops(tmp_path / "p.onnx")
+
+
+class _FakeDevice:
+    """Device memory as one numpy byte array; pointers are offsets into it (+ a base, so that
+    0 is never valid)."""
+
+    BASE = 1 << 20
+
+    def __init__(self):
+        self.mem = np.zeros(1 << 20, np.uint8)
+        self.top = 0
+
+    def malloc(self, nbytes):
+        ptr, self.top = self.top, self.top + ((nbytes + 255) // 256) * 256
+        return self.BASE + ptr
+
+    def view(self, ptr, nbytes):
+        return self.mem[ptr - self.BASE:ptr - self.BASE + nbytes]
+
+    def copy_rows(self, dst, dpitch, src, spitch, width, rows, stream):
+        for r in range(rows):  # what cudaMemcpy2D does
+            self.view(dst + r * dpitch, width)[:] = self.view(src + r * spitch, width)
+
+
+def test_one_strided_copy_writes_every_ring_in_place(monkeypatch):
+    """DeviceRings' address arithmetic, on simulated device memory: after write(position),
+    slot position % T of every ring holds that ring's new row and nothing else changed."""
+    from personaplex_edge.runtime import device_rings
+
+    dev = _FakeDevice()
+
+    class Buffer:
+        def __init__(self, nbytes):
+            self.nbytes, self.ptr = nbytes, dev.malloc(nbytes)
+
+    monkeypatch.setattr(device_rings, "DeviceBuffer", Buffer)
+    monkeypatch.setattr(device_rings, "copy_rows", dev.copy_rows)
+    monkeypatch.setattr(device_rings, "fill_zero",
+                        lambda ptr, n, stream: dev.view(ptr, n).fill(0))
+
+    class Stream:
+        def synchronize(self):
+            pass
+
+    B, H, T, Dh = 1, 3, 5, 4
+    specs = [RingSpec(f"past_key_values.{i}.{k}", f"present.{i}.{k}", (B, H, T, Dh), "float16")
+             for i in range(3) for k in ("key", "value")]
+    rings = device_rings.DeviceRings(specs, Stream())
+    assert len(rings._groups) == 1  # one geometry: one copy per frame
+
+    def array(ptr, shape):
+        return dev.view(ptr, int(np.prod(shape)) * 2).view(np.float16).reshape(shape)
+
+    rng = np.random.default_rng(0)
+    expect = {s.input_name: np.zeros((B, H, T, Dh), np.float16) for s in specs}
+    for position in (0, 1, 2, 7, 9):  # 7 and 9 wrap around T = 5
+        for s in specs:
+            row = rng.standard_normal((B, H, 1, Dh)).astype(np.float16)
+            array(rings.row_ptr[s.output_name], (B, H, 1, Dh))[...] = row
+            expect[s.input_name][:, :, position % T] = row[:, :, 0]
+        rings.write(position, Stream())
+        for s in specs:
+            np.testing.assert_array_equal(array(rings.ring_ptr[s.input_name], (B, H, T, Dh)),
+                                          expect[s.input_name])
+
+    # rings of two shapes: one copy per geometry, still right
+    mixed = specs[:2] + [RingSpec("past_key_values.9.key", "present.9.key", (B, 2, 3, 8),
+                                  "float32")]
+    rings = device_rings.DeviceRings(mixed, Stream())
+    assert len(rings._groups) == 2
+    row = rng.standard_normal((B, 2, 1, 8)).astype(np.float32)
+    dev.view(rings.row_ptr["present.9.key"], row.nbytes)[:] = row.view(np.uint8).reshape(-1)
+    rings.write(4, Stream())
+    ring = dev.view(rings.ring_ptr["past_key_values.9.key"], B * 2 * 3 * 8 * 4).view(
+        np.float32).reshape(B, 2, 3, 8)
+    np.testing.assert_array_equal(ring[:, :, 4 % 3], row[:, :, 0])
+    assert not ring[:, :, [0, 2]].any()
+
+
+def test_without_cuda_python_or_gpu_the_error_says_what_to_do(monkeypatch):
+    from personaplex_edge.runtime import cuda_runtime
+
+    ok, why = cuda_runtime.gpu_available()
+    if ok:
+        pytest.skip("a GPU is present")
+    assert "cuda-python" in why or "GPU" in why or "device" in why
+
+
+# ---- GPU --------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_fp16_engines(tmp_path_factory):
+    from personaplex_edge.export.hub import resolve_checkpoint
+    from personaplex_edge.export.model_export import export_model
+    from personaplex_edge.export.precision import convert_model_dir
+    from personaplex_edge.export.synthetic import write_synthetic_checkpoint
+    from personaplex_edge.export.tensorrt_build import build_engines
+    from personaplex_edge.manifest import write_manifest
+
+    root = tmp_path_factory.mktemp("trt")
+    ckpt = write_synthetic_checkpoint(preset("tiny"), root / "ckpt")
+    export_model(resolve_checkpoint(str(ckpt)), root / "fp32", progress=lambda s: None)
+    convert_model_dir(root / "fp32", root / "fp16", "fp16", backend="tensorrt",
+                      progress=lambda s: None)
+    manifest = build_engines(root / "fp16", progress=lambda s: None)
+    write_manifest(root / "fp16", manifest)
+    return root
+
+
+@needs_gpu
+def test_tensorrt_greedy_tokens_agree_with_onnxruntime_cpu(tiny_fp16_engines):
+    from personaplex_edge.runtime.lm_probe import GreedyLM, agreement
+
+    model = tiny_fp16_engines / "fp16"
+    user = np.random.default_rng(1).integers(0, 2048, (60, 8))
+    cpu_manifest = dataclasses.replace(load_model_dir(model), backend="onnx")
+    cpu = GreedyLM(model, cpu_manifest, device="cpu", threads=1).run(user)
+    gpu = GreedyLM(model, device="cuda").run(user, forced=cpu.tokens)
+    a = agreement(gpu.tokens, cpu.tokens)
+    assert a["text"] >= 0.95 and a["audio"] >= 0.9, a
+
+
+@needs_gpu
+def test_captured_frame_equals_eager(tiny_fp16_engines):
+    from personaplex_edge.runtime.cuda_graphs import CapturedSequence
+    from personaplex_edge.runtime.trt_backend import TrtGraph
+
+    model = tiny_fp16_engines / "fp16"
+    manifest = load_model_dir(model)
+
+    def frames(capture: bool):
+        helium = TrtGraph(model, manifest, manifest.graphs["helium_step"])
+        depformer = TrtGraph(model, manifest, manifest.graphs["depformer_step"],
+                             stream=helium.stream)
+        depformer.link_input("hidden", helium, "hidden")
+        depformer.link_input("text_token", helium, "text_token")
+        seq = CapturedSequence([helium, depformer]) if capture else None
+        out = []
+        for t in range(12):
+            helium.inputs["tokens"][...] = (np.arange(17) * 7 + t) % 2048
+            helium.inputs["position"][...] = t
+            if capture:
+                seq.launch()
+            else:
+                helium.enqueue()
+                depformer.enqueue()
+            helium.write_rings(t)
+            helium.stream.synchronize()
+            out.append(np.concatenate([helium.outputs["text_token"],
+                                       depformer.outputs["audio_tokens"][0]]))
+        return np.array(out)
+
+    np.testing.assert_array_equal(frames(capture=True), frames(capture=False))
+
+
+@needs_gpu
+def test_engine_of_another_gpu_is_refused_at_load(tiny_fp16_engines, tmp_path):
+    import shutil
+
+    from personaplex_edge.runtime.trt_backend import TrtGraph
+    from personaplex_edge.runtime.trt_engine import SIDECAR
+
+    model = tmp_path / "m"
+    shutil.copytree(tiny_fp16_engines / "fp16", model)
+    manifest = load_model_dir(model)
+    entry = manifest.graphs["depformer_step"]
+    if getattr(entry, "engine", None) is None:
+        data = json.loads((model / SIDECAR).read_text())
+        data[entry.file]["compute_capability"] = "1.0"
+        (model / SIDECAR).write_text(json.dumps(data))
+    else:
+        entry = dataclasses.replace(entry, engine={**entry.engine, "compute_capability": "1.0"})
+    with pytest.raises(ModelDirError, match="compute capability 1.0"):
+        TrtGraph(model, manifest, entry)
+
+
+@needs_gpu
+def test_state_ping_pong_and_reset_on_device(tiny_fp16_engines):
+    """The codec's state round-trips through the device and reset restores the initial one."""
+    from personaplex_edge.runtime.trt_backend import TrtGraph
+
+    model = tiny_fp16_engines / "fp16"
+    manifest = load_model_dir(model)
+    enc = TrtGraph(model, manifest, manifest.graphs["mimi_encoder"])
+    first = {k: v.copy() for k, v in enc.state().items()}
+    enc.inputs["pcm"][...] = np.random.default_rng(0).standard_normal(enc.inputs["pcm"].shape)
+    codes = [enc.run()["codes"].copy() for _ in range(3)]
+    assert any(not np.array_equal(first[k], v) for k, v in enc.state().items())
+    enc.reset()
+    for k, v in enc.state().items():
+        np.testing.assert_array_equal(v, first[k])
+    again = [enc.run()["codes"].copy() for _ in range(3)]
+    np.testing.assert_array_equal(np.array(codes), np.array(again))
+
+
+def test_gpu_tests_skip_with_a_reason():
+    reason = _gpu_reason()
+    if reason is None:
+        pytest.skip("a GPU is present: the GPU tests ran")
+    assert "TensorRT" in reason or "CUDA" in reason
+    assert Path(__file__).name == "test_tensorrt.py"
