@@ -16,5 +16,5 @@ def test_no_latency_ramp_no_memory_growth_past_the_context(demo_model_dir):
     assert r["final_position"] > 2 * r["context"]  # the KV ring wrapped at least twice
     # robust to a busy neighbour on a shared 2-core machine (see soak.py); the benchmark's
     # 10,000 frames hold the median to 10%
-    assert r["ramp_p20"] < 1.25, r
+    assert r["ramp_p5"] < 1.25, r
     assert r["rss_mb_end"] - r["rss_mb_after_warmup"] < 20, r["rss_samples"]
