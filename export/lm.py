@@ -21,10 +21,13 @@ The caller owns the ring and writes present.{i}.* into slot position % T after e
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
+from torch import nn
 
 from personaplex_edge.config import PersonaPlexConfig
 from personaplex_edge.manifest import GraphEntry, TensorSpec
@@ -32,6 +35,7 @@ from personaplex_edge.streams import NUM_STREAMS, gumbel_noise
 
 from .checkpoint import TensorFile, check_tensors
 from .depformer import Depformer, check_depformer_config
+from .frugal import SafetensorsHeader, Segment, WeightPlan, attach_external_weights
 from .helium import Helium
 from .onnx_export import export_step, verify_step
 from .sampling import DEFAULT_K_MAX
@@ -92,45 +96,70 @@ def open_lm_checkpoint(path: str | Path, cfg: PersonaPlexConfig) -> TensorFile:
     return tf
 
 
-def _helium_weights(tf: TensorFile, cfg: PersonaPlexConfig) -> dict[str, torch.Tensor]:
-    h = cfg.helium
-    w = {"text_emb": tf.get("text_emb.weight"),
-         "audio_emb": torch.stack([tf.get(f"emb.{k}.weight")
-                                   for k in range(cfg.num_audio_codebooks)]),
-         "out_norm.alpha": tf.get("out_norm.alpha"),
-         "text_linear.weight": tf.get("text_linear.weight")}
+def helium_plan(cfg: PersonaPlexConfig) -> dict[str, WeightPlan]:
+    """What each Helium parameter is made of, in checkpoint terms (module name -> plan)."""
+    h, shapes = cfg.helium, expected_lm_tensors(cfg)
+    n, rows, D = cfg.num_audio_codebooks, cfg.audio_vocab_size + 1, h.hidden_size
+    plan = {"text_emb": WeightPlan.whole("text_emb.weight", shapes["text_emb.weight"]),
+            # the 16 audio tables stacked [16, card + 1, D]: one after another in memory
+            "audio_emb": WeightPlan(tuple(Segment(f"emb.{k}.weight") for k in range(n)),
+                                    (n, rows, D))}
+    for key in ("out_norm.alpha", "text_linear.weight"):
+        plan[key] = WeightPlan.whole(key, shapes[key])
     for i in range(h.num_hidden_layers):
         src, dst = f"transformer.layers.{i}", f"layers.{i}"
-        w[f"{dst}.self_attn.in_proj.weight"] = tf.get(f"{src}.self_attn.in_proj_weight")
-        w[f"{dst}.self_attn.out_proj.weight"] = tf.get(f"{src}.self_attn.out_proj.weight")
-        for name in ("gating.linear_in.weight", "gating.linear_out.weight", "norm1.alpha",
-                     "norm2.alpha"):
-            w[f"{dst}.{name}"] = tf.get(f"{src}.{name}")
-    return w
+        for a, b in (("self_attn.in_proj_weight", "self_attn.in_proj.weight"),
+                     ("self_attn.out_proj.weight", "self_attn.out_proj.weight"),
+                     ("gating.linear_in.weight", "gating.linear_in.weight"),
+                     ("gating.linear_out.weight", "gating.linear_out.weight"),
+                     ("norm1.alpha", "norm1.alpha"), ("norm2.alpha", "norm2.alpha")):
+            plan[f"{dst}.{b}"] = WeightPlan.whole(f"{src}.{a}", shapes[f"{src}.{a}"])
+    return plan
 
 
-def _depformer_weights(tf: TensorFile, cfg: PersonaPlexConfig) -> dict[str, torch.Tensor]:
-    d = cfg.depformer
+def depformer_plan(cfg: PersonaPlexConfig) -> dict[str, WeightPlan]:
+    """The same for the depformer's active steps: step k's attention weights are rows
+    k * 3 * dim .. (k + 1) * 3 * dim of the packed `in_proj_weight` (and k * dim .. of
+    `out_proj.weight`); the inactive steps' rows are never read."""
+    d, shapes = cfg.depformer, expected_lm_tensors(cfg)
     dim, steps = d.hidden_size, d.num_active_codebooks
-    w = {"text_emb": tf.get("depformer_text_emb.weight")}
+    plan = {"text_emb": WeightPlan.whole("depformer_text_emb.weight",
+                                         shapes["depformer_text_emb.weight"])}
     for k in range(steps):
-        w[f"depformer_in.{k}.weight"] = tf.get(f"depformer_in.{k}.weight")
-        w[f"linears.{k}.weight"] = tf.get(f"linears.{k}.weight")
+        for key in (f"depformer_in.{k}.weight", f"linears.{k}.weight"):
+            plan[key] = WeightPlan.whole(key, shapes[key])
     for k in range(steps - 1):
-        w[f"audio_emb.{k}"] = tf.get(f"depformer_emb.{k}.weight")
+        key = f"depformer_emb.{k}.weight"
+        plan[f"audio_emb.{k}"] = WeightPlan.whole(key, shapes[key])
     for j in range(d.num_hidden_layers):
         src, dst = f"depformer.layers.{j}", f"layers.{j}"
-        in_proj = tf.get(f"{src}.self_attn.in_proj_weight")  # [dep_q * 3 * dim, dim]
-        out_proj = tf.get(f"{src}.self_attn.out_proj.weight")  # [dep_q * dim, dim]
         for k in range(steps):
-            w[f"{dst}.in_projs.{k}.weight"] = in_proj[k * 3 * dim:(k + 1) * 3 * dim].clone()
-            w[f"{dst}.out_projs.{k}.weight"] = out_proj[k * dim:(k + 1) * dim].clone()
+            plan[f"{dst}.in_projs.{k}.weight"] = WeightPlan(
+                (Segment(f"{src}.self_attn.in_proj_weight", k * 3 * dim, (k + 1) * 3 * dim),),
+                (3 * dim, dim))
+            plan[f"{dst}.out_projs.{k}.weight"] = WeightPlan(
+                (Segment(f"{src}.self_attn.out_proj.weight", k * dim, (k + 1) * dim),),
+                (dim, dim))
             for name in ("linear_in.weight", "linear_out.weight"):
-                w[f"{dst}.gating.{k}.{name}"] = tf.get(f"{src}.gating.{k}.{name}")
-        del in_proj, out_proj  # the inactive steps' slices are dropped here
-        w[f"{dst}.norm1.alpha"] = tf.get(f"{src}.norm1.alpha")
-        w[f"{dst}.norm2.alpha"] = tf.get(f"{src}.norm2.alpha")
-    return w
+                key = f"{src}.gating.{k}.{name}"
+                plan[f"{dst}.gating.{k}.{name}"] = WeightPlan.whole(key, shapes[key])
+        for name in ("norm1.alpha", "norm2.alpha"):
+            plan[f"{dst}.{name}"] = WeightPlan.whole(f"{src}.{name}", shapes[f"{src}.{name}"])
+    return plan
+
+
+def _materialize(tf: TensorFile, plans: dict[str, WeightPlan]) -> dict[str, torch.Tensor]:
+    """Every plan as a float32 tensor read through safetensors (the in-memory path)."""
+    out, last = {}, (None, None)  # the packed depformer tensors are sliced step after step
+    for name, plan in plans.items():
+        parts = []
+        for s in plan.segments:
+            if last[0] != s.key:
+                last = (s.key, tf.get(s.key))
+            parts.append(last[1][s.start:s.stop])
+        # clone: a slice would keep the whole packed tensor alive
+        out[name] = (torch.cat(parts) if len(parts) > 1 else parts[0].clone()).reshape(plan.shape)
+    return out
 
 
 def load_lm(path: str | Path, cfg: PersonaPlexConfig) -> tuple[Helium, Depformer]:
@@ -138,9 +167,9 @@ def load_lm(path: str | Path, cfg: PersonaPlexConfig) -> tuple[Helium, Depformer
     tf = open_lm_checkpoint(path, cfg)
     with torch.device("meta"):  # no throwaway initial weights: the loaded tensors are assigned
         helium, depformer = Helium(cfg), Depformer(cfg)
-    helium.load_state_dict(_helium_weights(tf, cfg), strict=True, assign=True)
+    helium.load_state_dict(_materialize(tf, helium_plan(cfg)), strict=True, assign=True)
     helium.make_buffers()
-    depformer.load_state_dict(_depformer_weights(tf, cfg), strict=True, assign=True)
+    depformer.load_state_dict(_materialize(tf, depformer_plan(cfg)), strict=True, assign=True)
     return helium.eval(), depformer.eval()
 
 
@@ -230,4 +259,149 @@ def export_lm_graphs(cfg: PersonaPlexConfig, checkpoint_path: str | Path, out_di
             path)
         if verify:
             verify_step(path, step, examples, outputs)
+    return entries
+
+
+# ---- the memory-frugal export --------------------------------------------------------------------
+# The graphs are traced on modules whose parameters are placeholders of the right shape that share
+# one buffer (placeholder_lm), then each weight is written from the checkpoint into the
+# graph's external data (frugal.py). The check against torch runs the real weights through the
+# same modules, loading each Helium layer just before it runs and dropping it after, while
+# onnxruntime holds the one full copy.
+
+def _set_parameter(module: nn.Module, name: str, value: torch.Tensor) -> None:
+    owner, _, leaf = name.rpartition(".")
+    setattr(module.get_submodule(owner) if owner else module, leaf,
+            nn.Parameter(value, requires_grad=False))
+
+
+def placeholder_lm(cfg: PersonaPlexConfig) -> tuple[Helium, Depformer]:
+    """Helium and the depformer with placeholder weights: traceable, with the real shapes, in
+    the memory of the largest one. Every placeholder is a zero view of one shared buffer;
+    contiguous on purpose: the tracer keeps alive the contiguous copy an op makes of a strided
+    weight (an expanded scalar, say), which would add up to the whole model."""
+    with torch.device("meta"):
+        helium, depformer = Helium(cfg), Depformer(cfg)
+    helium.make_buffers()
+    for module in (helium, depformer):
+        params = list(module.named_parameters())
+        buffer = torch.zeros(max(p.numel() for _, p in params))
+        for name, p in params:
+            _set_parameter(module, name, buffer[:p.numel()].view(p.shape))
+    return helium.eval(), depformer.eval()
+
+
+def read_parameter(plan: WeightPlan, header: SafetensorsHeader) -> torch.Tensor:
+    """A parameter as float32, converted by torch from the stored bits: a path independent of
+    the numpy conversion that wrote the graph's data, so the check covers that too."""
+    parts = []
+    for s in plan.segments:
+        dtype = header.info(s.key).dtype
+        for bits in header.iter_raw(s.key, s.start, s.stop):
+            t = torch.from_numpy(bits.view(np.int16) if dtype == "BF16" else bits)
+            parts.append((t.view(torch.bfloat16) if dtype == "BF16" else t).float().reshape(-1))
+    return torch.cat(parts).reshape(plan.shape)
+
+
+@contextmanager
+def streamed_weights(module: nn.Module, plans: dict[str, WeightPlan], header: SafetensorsHeader,
+                     streamed: list[str]) -> Iterator[None]:
+    """Real weights in a placeholder module for the duration of a call. Parameters of the
+    submodules named in `streamed` are loaded just before each runs and dropped after; the
+    others for the whole call. Placeholders are back afterwards."""
+    placeholders = dict(module.named_parameters())
+
+    def load(names):
+        for n in names:
+            _set_parameter(module, n, read_parameter(plans[n], header))
+
+    def drop(names):
+        for n in names:
+            _set_parameter(module, n, placeholders[n])
+
+    groups = {sub: [n for n in plans if n.startswith(sub + ".")] for sub in streamed}
+    resident = [n for n in plans if not any(n in g for g in groups.values())]
+    hooks = []
+    for sub, names in groups.items():
+        m = module.get_submodule(sub)
+        hooks.append(m.register_forward_pre_hook(lambda _m, _a, names=names: load(names)))
+        hooks.append(m.register_forward_hook(lambda _m, _a, _o, names=names: drop(names)))
+    try:
+        load(resident)
+        yield
+    finally:
+        for h in hooks:
+            h.remove()
+        drop(list(plans))
+
+
+class _Bytes:
+    """Progress of a long write, reported every `step` bytes."""
+
+    def __init__(self, what: str, total: int, progress: Callable[[str], None],
+                 step: int = 1 << 30):
+        self.what, self.total, self.progress, self.step = what, total, progress, step
+        self.done, self.next = 0, step
+
+    def __call__(self, n: int) -> None:
+        self.done += n
+        if self.done >= self.next:
+            self.next += self.step
+            self.progress(f"    {self.what}: {self.done / 1e9:.1f} / {self.total / 1e9:.1f} GB")
+
+
+def export_lm_graphs_frugal(cfg: PersonaPlexConfig, checkpoint_path: str | Path,
+                            out_dir: str | Path, batch: int = 1, k_max: int = DEFAULT_K_MAX,
+                            verify: bool = True,
+                            progress: Callable[[str], None] = lambda s: None,
+                            ) -> dict[str, GraphEntry]:
+    """export_lm_graphs' graphs, written without holding the model in memory: weights go from
+    the checkpoint to `<graph>.onnx.data` tensor by tensor (float32). With `verify`, each graph
+    runs once in onnxruntime beside the torch modules on the real weights, Helium's layers
+    and the depformer's steps loaded one at a time. Peak memory is about one float32 copy of
+    the larger graph (the onnxruntime session of the check) plus a layer and the embedding
+    tables."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    open_lm_checkpoint(checkpoint_path, cfg)  # every tensor's name and shape, header only
+    header = SafetensorsHeader(checkpoint_path, rename=_canonical_key)
+    header.check_complete()
+    helium, depformer = placeholder_lm(cfg)
+    steps = range(cfg.depformer.num_active_codebooks)
+    # Loaded only while they run: each Helium layer; each depformer step's own projections
+    # and MLP (every one runs once per frame). The embedding tables and shared norms stay.
+    dep_streamed = [f"{kind}.{k}" for kind in ("depformer_in", "linears") for k in steps] + [
+        f"layers.{j}.{kind}.{k}" for j in range(cfg.depformer.num_hidden_layers)
+        for kind in ("in_projs", "out_projs", "gating") for k in steps]
+    jobs = [("helium_step", helium, helium.step, helium_inputs(cfg, batch, k_max),
+             helium_outputs(cfg), helium_plan(cfg),
+             [f"layers.{i}" for i in range(cfg.helium.num_hidden_layers)]),
+            ("depformer_step", depformer, depformer.step, depformer_inputs(cfg, batch, k_max),
+             ["audio_tokens"], depformer_plan(cfg), dep_streamed)]
+    entries = {}
+    for name, owner, fn, specs, outputs, plans, streamed in jobs:
+        examples = example_inputs(specs, cfg)
+        path = out_dir / f"{name}.onnx"
+        total = sum(p.nbytes for p in plans.values())
+        progress(f"  {name}.onnx: writing {total / 1e9:.2f} GB of float32 weights")
+        sink = _Bytes(f"{name}.onnx.data", total, progress)
+
+        def weights(p, plans=plans, sink=sink):
+            return attach_external_weights(p, {f"owner.{k}": v for k, v in plans.items()},
+                                           header, sink)
+
+        def traced(*args, _fn=fn):
+            return _fn(*args[:-1]), {}  # no StateSpec state
+
+        entries[name] = export_step(
+            owner, traced, [(s, torch.from_numpy(examples[s.name])) for s in specs], outputs,
+            [], path, weights=weights)
+        if verify:
+            def checked(*args, _fn=fn, owner=owner, plans=plans, streamed=streamed):
+                with streamed_weights(owner, plans, header, streamed):
+                    return _fn(*args[:-1]), {}
+
+            verify_step(path, checked, examples, outputs, low_memory=True)
+            progress(f"  {name}.onnx: checked in onnxruntime against torch")
+        del examples
     return entries

@@ -4,6 +4,10 @@ A step is `fn(*inputs, state) -> (output or tuple of outputs, new_state dict)`. 
 positional tensors (inputs, then `past.<name>` per StateSpec; outputs, then `present.<name>`),
 traces it with fixed shapes, checks the graph with the onnx checker, and returns the manifest
 entry. Graphs over 2 GB keep their weights as external data beside the .onnx file.
+
+With `weights`, the graph is traced without its weights (they are graph inputs named after the
+parameters, built as cheap placeholders) and `weights(path)` writes them as external data
+(export/frugal.py): how the 7B LM is exported without holding it in memory twice.
 """
 
 from __future__ import annotations
@@ -52,20 +56,58 @@ class _FlatStep(nn.Module):
         return (*outputs, *[new[s.name] for s in self.state])
 
 
+class _WeightsAsInputs(nn.Module):
+    """`flat` with its parameters passed in as trailing inputs. The module is hidden from
+    registration, so the exporter sees no parameters at all: its ONNX shape inference would
+    otherwise serialise every parameter (twice), which for the 7B LM is 2 x 30 GB of work.
+    (torch.func.functional_call does this swap but refuses to run under the tracer.)"""
+
+    def __init__(self, flat: _FlatStep, names: Sequence[str]):
+        super().__init__()
+        self._hidden = [flat]
+        self.names = list(names)
+
+    def forward(self, *args):
+        flat = self._hidden[0]
+        n = len(args) - len(self.names)
+        originals = {}
+        try:
+            for name, tensor in zip(self.names, args[n:]):
+                owner, _, leaf = name.rpartition(".")
+                module = flat.get_submodule(owner)
+                originals[name] = getattr(module, leaf)
+                delattr(module, leaf)  # unregisters the parameter ...
+                setattr(module, leaf, tensor)  # ... so a plain (traced) tensor can stand in
+            return flat(*args[:n])
+        finally:
+            for name, param in originals.items():
+                owner, _, leaf = name.rpartition(".")
+                module = flat.get_submodule(owner)
+                delattr(module, leaf)
+                module.register_parameter(leaf, param)
+
+
 @torch.no_grad()
 def export_step(owner: nn.Module, fn: Callable, inputs: Sequence[tuple[TensorSpec, torch.Tensor]],
                 outputs: Sequence[str], state: Sequence[StateSpec], path: str | Path,
-                ) -> GraphEntry:
+                weights: Callable[[Path], dict[str, str]] | None = None) -> GraphEntry:
     """Traces `fn` (a method of `owner`) into `path` and returns its manifest entry.
 
     `inputs` pairs each non-state input's spec with an example tensor; `outputs` names the
-    non-state outputs in the order `fn` returns them."""
+    non-state outputs in the order `fn` returns them. `weights(path)`, when given, turns the
+    parameter inputs of the weightless trace into external data and returns {data file: sha256};
+    parameters are then named `owner.<parameter name>`."""
     path = Path(path)
     flat = _FlatStep(owner, fn, len(inputs), state).eval()
     examples = [t for _, t in inputs] + list(initial_state(state).values())
     input_names = [s.name for s, _ in inputs] + [s.input_name for s in state]
     output_names = list(outputs) + [s.output_name for s in state]
     results = flat(*examples)
+    if weights is not None:
+        params = dict(flat.named_parameters())  # "owner.<parameter name>"
+        flat = _WeightsAsInputs(flat, list(params))
+        examples += list(params.values())
+        input_names = input_names + list(params)
     out_specs = [TensorSpec(name, tuple(t.shape), str(t.dtype).removeprefix("torch."))
                  for name, t in zip(outputs, results[:len(outputs)])]
     for spec, t in zip(state, results[len(outputs):]):
@@ -80,9 +122,13 @@ def export_step(owner: nn.Module, fn: Callable, inputs: Sequence[tuple[TensorSpe
         torch.onnx.export(flat, tuple(examples), str(path), input_names=input_names,
                           output_names=output_names, opset_version=OPSET, dynamo=False,
                           do_constant_folding=False)
+    data_files = {} if weights is None else dict(weights(path))
+    input_names = input_names[:len(inputs) + len(state)]
     onnx.checker.check_model(str(path))
     model = onnx.load(str(path), load_external_data=False)
-    data_files = {}
+    left = [i.name for i in model.graph.input if i.name not in input_names]
+    if left:
+        raise AssertionError(f"{path.name}: parameters without weights: {left[:5]}")
     for init in model.graph.initializer:
         if init.data_location == onnx.TensorProto.EXTERNAL:
             location = next(e.value for e in init.external_data if e.key == "location")
@@ -100,14 +146,23 @@ class ExportMismatch(PersonaPlexError):
 @torch.no_grad()
 def verify_step(path: str | Path, fn: Callable, inputs: dict[str, np.ndarray],
                 outputs: Sequence[str], state: Sequence[StateSpec] = (), frames: int = 1,
-                atol: float = 1e-4) -> None:
+                atol: float = 1e-4, low_memory: bool = False) -> None:
     """Runs the graph in onnxruntime beside its step function (`fn(*inputs, state) ->
     (outputs, new_state)`, as given to export_step) for `frames` calls from the initial state,
-    feeding each its own state back; raises ExportMismatch on the first output that differs."""
+    feeding each its own state back; raises ExportMismatch on the first output that differs.
+    `low_memory` keeps onnxruntime to one copy of the weights, for graphs as large as the
+    memory allows: no pre-packed duplicates, no arena, and basic optimisation only. (Basic
+    still folds each weight's Transpose into one transposed copy; without it every Transpose
+    runs at once at the start of each call, a second copy of all weights.)"""
     import onnxruntime as ort
 
     path = Path(path)
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    opts = ort.SessionOptions()
+    if low_memory:
+        opts.add_session_config_entry("session.disable_prepacking", "1")
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        opts.enable_cpu_mem_arena = False
+    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     state_t = initial_state(state)
     state_n = {s.input_name: v.numpy() for s, v in zip(state, state_t.values())}
     names = list(outputs) + [s.output_name for s in state]
