@@ -15,7 +15,11 @@ Agreement, two ways, both greedy over the same fixed random user codes:
           (text token, audio tokens, frames equal in all 9): how often it decides the same
   free    both run on their own tokens; the first frame where they differ (after that the two
           histories differ and nothing more is comparable)
-A random model has flat logits (tiny top-1 margins), so these are pessimistic for a trained one.
+  hidden  median relative error of helium's output state (forced run): how far the precision
+          moves the transformer, whatever the logits after it look like
+A random model has flat logits (tiny top-1 margins over 2048 / 32000 entries), so token
+agreement is pessimistic for a trained one: measured on the mid model, int8 Helium with a
+float16 depformer still changes 15% of the audio tokens, only through its hidden state.
 """
 
 from __future__ import annotations
@@ -82,7 +86,7 @@ def lm_disk_bytes(model_dir: Path, manifest) -> int:
 
 
 def measure(model_dir: Path, user: np.ndarray, reference, threads: int, warmup: int) -> dict:
-    from personaplex_edge.runtime.lm_probe import GreedyLM, agreement
+    from personaplex_edge.runtime.lm_probe import GreedyLM, agreement, hidden_error
 
     lm = GreedyLM(model_dir, threads=threads)
     free = lm.run(user)
@@ -90,11 +94,12 @@ def measure(model_dir: Path, user: np.ndarray, reference, threads: int, warmup: 
            "depformer_ms": float(np.mean(free.depformer_ms[warmup:]))}
     row["total_ms"] = row["temporal_ms"] + row["depformer_ms"]
     if reference is None:
-        row["tokens"] = free.tokens
+        row["tokens"], row["hidden"] = free.tokens, free.hidden
         return row
-    forced = lm.run(user, reference)
-    row["forced"] = agreement(forced.tokens, reference)
-    row["first_difference"] = agreement(free.tokens, reference)["first_difference"]
+    forced = lm.run(user, reference["tokens"])
+    row["forced"] = agreement(forced.tokens, reference["tokens"])
+    row["hidden_error"] = hidden_error(forced.hidden[warmup:], reference["hidden"][warmup:])
+    row["first_difference"] = agreement(free.tokens, reference["tokens"])["first_difference"]
     return row
 
 
@@ -162,34 +167,36 @@ def main() -> None:
                "estimated_frame_bytes": estimate_bytes_per_frame(
                    cfg, layout_for(plan_for(p)))["total"]}
         if p == "fp32":
-            row.update({k: v for k, v in base.items() if k != "tokens"})
+            row.update({k: v for k, v in base.items() if k not in ("tokens", "hidden")})
         elif p in CPU_NOTE:
             row["note"] = CPU_NOTE[p]
         else:
             log(f"{p}: {n} greedy frames, free and forced")
-            row.update(measure(dirs[p], user, base["tokens"], args.threads, args.warmup))
+            row.update(measure(dirs[p], user, base, args.threads, args.warmup))
         results[p] = row
 
     h = cfg.helium
     print(f"\nLM precisions on onnxruntime CPU, {args.threads} threads, {args.frames} frames "
           f"after {args.warmup} warm-up; random weights, Helium d {h.hidden_size} x "
-          f"{h.num_hidden_layers} layers, context {h.max_position_embeddings}, real depformer "
-          f"(8 steps)\n")
+          f"{h.num_hidden_layers} layers, context {h.max_position_embeddings}; depformer d "
+          f"{cfg.depformer.hidden_size} x {cfg.depformer.num_hidden_layers} layers, "
+          f"{cfg.depformer.num_active_codebooks} steps\n")
     print("| precision | LM on disk MB | read/frame MB | temporal ms | depformer ms | "
-          "total ms | text agree | audio agree | frames agree | first free diff |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "total ms | hidden rel. error | text agree | audio agree | frames agree | "
+          "first free diff |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for p, r in results.items():
         lead = f"| {p} | {r['disk_bytes'] / 1e6:.0f} | {r['frame_bytes'] / 1e6:.0f} | "
         if "note" in r:
-            print(lead + f"n/a | n/a | n/a | {r['note']} | | | |")
+            print(lead + f"n/a | n/a | n/a | n/a | {r['note']} | | | |")
             continue
         times = f"{r['temporal_ms']:.1f} | {r['depformer_ms']:.1f} | {r['total_ms']:.1f} | "
         if p == "fp32":
-            print(lead + times + "(reference) | | | |")
+            print(lead + times + "(reference) | | | | |")
         else:
             a = r["forced"]
-            print(lead + times + f"{a['text']:.1%} | {a['audio']:.1%} | {a['frames']:.1%} | "
-                  f"{r['first_difference']} |")
+            print(lead + times + f"{r['hidden_error']:.2e} | {a['text']:.1%} | "
+                  f"{a['audio']:.1%} | {a['frames']:.1%} | {r['first_difference']} |")
     print("\nKV ring: float32 for fp32/int8/int4 (onnxruntime's CPU has no fp16 MatMul), "
           "float16 for fp16 (what a GPU wants; on this CPU it costs a cast of the ring per step).")
     print("read/frame: weights counted in the graphs + the whole KV ring; the estimate from the "
@@ -201,7 +208,8 @@ def main() -> None:
     print("\n".join(seven_b_table()))
     if args.json:
         Path(args.json).write_text(json.dumps(
-            {p: {k: v for k, v in r.items() if k != "tokens"} for p, r in results.items()},
+            {p: {k: v for k, v in r.items() if k not in ("tokens", "hidden")}
+             for p, r in results.items()},
             indent=2))
 
 

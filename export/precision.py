@@ -279,17 +279,18 @@ def lower_precision(g: _Graph, low: str, ring_inputs: Iterable[str],
             dtype_of[v.name] = kv_type
 
     nodes: list[onnx.NodeProto] = []
-    to_float: dict[str, str] = {}  # low tensor -> its float32 copy (one cast per tensor)
+    casts: dict[tuple[str, int], str] = {}  # (tensor, type) -> its cast (one per tensor)
 
     def cast(src: str, to: int, base: str) -> str:
-        out = g.fresh(base)
-        nodes.append(helper.make_node("Cast", [src], [out], to=to, name=g.fresh(f"/cast/{out}")))
-        return out
+        if (src, to) not in casts:
+            out = g.fresh(base)
+            nodes.append(helper.make_node("Cast", [src], [out], to=to,
+                                          name=g.fresh(f"/cast/{out}")))
+            casts[src, to] = out
+        return casts[src, to]
 
     def as_float(name: str) -> str:
-        if name not in to_float:
-            to_float[name] = cast(name, TensorProto.FLOAT, f"{name}.f32")
-        return to_float[name]
+        return cast(name, TensorProto.FLOAT, f"{name}.f32")
 
     for node in list(g.graph.node):
         if node.op_type == "DequantizeLinear" and dtype_of.get(node.input[1]):
@@ -394,10 +395,12 @@ def convert_graph(src: Path, dst: Path, entry: GraphEntry, plan: PrecisionPlan) 
     manifest entry (new sha256s, ring dtypes)."""
     g = _Graph(src)
     old_files = _external_files(src) if g.external else set()
+    if plan.weight_format == "qdq":
+        # DequantizeLinear with fp16 scales (opset 19) and block_size (21). Converted first,
+        # while the weights are still references to files: the converter serialises the model.
+        _raise_opset(g, 21)
     fold_weight_transposes(g)
     if plan.bits is not None:
-        if plan.weight_format == "qdq":
-            _raise_opset(g, 21)  # DequantizeLinear with fp16 scales (19), block_size (21)
         quantize_linears(g, plan)
         if plan.weight_format == "matmulnbits":
             _add_opset(g, "com.microsoft", 1)

@@ -9,11 +9,11 @@ the results - is one cudaGraphLaunch.
 What can be captured is fixed addresses and fixed work. The graphs' pinned host arrays and
 device buffers never move, and ping-pong state alternates between two address sets, so two
 captures (one per parity) cover every frame. The KV ring write is not captured: its destination
-slot changes every frame, so it stays one cudaMemcpy2DAsync queued after the launch
-(`TrtGraph.write_rings`), ordered on the same stream.
+slot changes every frame, so `launch()` queues it after the replay (one cudaMemcpy2DAsync per
+row), ordered on the same stream, at the positions read before the launch - as `run()` does.
 
     seq = CapturedSequence([helium, depformer])   # after depformer.link_input(...) calls
-    per frame: fill helium.inputs; seq.launch(); helium.write_rings(pos); seq.synchronize()
+    per frame: fill helium.inputs; seq.launch(); seq.synchronize(); read the outputs
 """
 
 from __future__ import annotations
@@ -49,12 +49,16 @@ class CapturedSequence:
 
     def _warm_up(self) -> None:
         """TensorRT wants one real enqueue before a capture (lazy initialisation inside). It
-        changes the state, so the state is saved and restored around it."""
-        saved = [g.state() for g in self._stateful]
+        changes the state and the rings, so both are saved and restored around it."""
+        keep = [g for g in self.graphs if g.entry.state or g.entry.rings]
+        saved = [g.state() for g in keep]
+        turns = [g._turn for g in self.graphs]
         for g in self.graphs:
             g.enqueue()
         self.stream.synchronize()
-        for g, state in zip(self._stateful, saved):
+        for g, t in zip(self.graphs, turns):
+            g._turn = t
+        for g, state in zip(keep, saved):
             g.set_state(state)
 
     def _capture(self):
@@ -63,7 +67,7 @@ class CapturedSequence:
              rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal)
         try:
             for g in self.graphs:
-                g.enqueue(flip=False)
+                g.enqueue(flip=False, rings=False)
         except BaseException:
             try:
                 call("cudaStreamEndCapture", self.stream.raw)
@@ -77,9 +81,16 @@ class CapturedSequence:
             call("cudaGraphDestroy", graph)
 
     def launch(self) -> None:
-        """Queues the whole sequence; the graphs' host `inputs` are read when it runs."""
+        """Queues the whole sequence, then each graph's ring writes; the graphs' host `inputs`
+        are read when it runs. The previous launch must have been waited for (positions kept
+        in state are mirrored to the host by it)."""
+        positions = [g._positions.now() for g in self.graphs]
         parity = self._stateful[0]._turn if self._stateful else None
         call("cudaGraphLaunch", self._execs[parity], self.stream.raw)
+        for g, p in zip(self.graphs, positions):
+            g._last_positions = p
+            if g.entry.rings:
+                g.rings.write(p, self.stream)
         for g in self._stateful:
             g._turn = 1 - g._turn
 

@@ -1,16 +1,17 @@
 """KV rings on the GPU, written in place: one strided copy per frame for every ring of a graph.
 
-A graph reads each ring whole (input [B, H, T, Dh]) and returns only the step's new rows
-([B, H, 1, Dh]); the runtime writes those rows at slot position % T. On the GPU all rings of a
-graph live in one allocation, one after another, and all their row outputs in another; rings of
-one shape then form a single table of rows:
+A graph reads each ring whole (input [B, H, T, Dh]) and returns only the call's R new rows
+([B, H, R, Dh]); the runtime writes row r at slot (p + r) % T, p being the ring's position (a
+graph input, or a state tensor, named by the RingSpec) before the call. On the GPU all rings of
+a graph that share a shape and a position live in one allocation, one after another, and their
+row outputs in another; they then form a single table of rows:
 
-    ring i, row (b, h), slot t  at  rings + ((i * B * H) + b * H + h) * T * row + t * row
-    row output i, row (b, h)    at  rows  + ((i * B * H) + b * H + h) * row
+    ring i, row (b, h), slot t    at  rings + ((i * B * H) + b * H + h) * T * row + t * row
+    row output i, row (b, h), r   at  rows  + ((i * B * H) + b * H + h) * R * row + r * row
 
 (row = Dh * itemsize), so writing slot t of every ring is ONE cudaMemcpy2DAsync: width `row`,
-height n_rings * B * H, destination pitch T * row starting at rings + t * row, source pitch
-`row`. Rings of different shapes (not exported today) fall back to one such copy per ring.
+height n_rings * B * H, destination pitch T * row from rings + t * row, source pitch R * row
+from rows + r * row; R copies per call (1 for Helium, 2 for Mimi's transformers).
 
 The same buffers serve the native TensorRT backend (tensor addresses) and onnxruntime's CUDA
 and TensorRT providers (IO binding with raw device pointers, `bind_rings_to_ort`).
@@ -22,20 +23,18 @@ import numpy as np
 
 from personaplex_edge.manifest import RingSpec
 
-from .cuda_runtime import DeviceBuffer, Stream, copy_rows, fill_zero
+from .cuda_runtime import (DeviceBuffer, PinnedArray, Stream, copy_rows, copy_to_host,
+                           fill_zero)
 
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
-def _geometry(spec: RingSpec) -> tuple[int, int, int]:
-    """(outer rows before the slot axis, slots T, bytes per slot row after it)."""
+def _geometry(spec: RingSpec) -> tuple[int, int, int, int, str]:
+    """(outer rows before the slot axis, slots T, bytes per slot row after it, rows per call,
+    position name): rings alike in all five share one copy."""
     outer = int(np.prod(spec.shape[:spec.axis], dtype=np.int64))
     inner = int(np.prod(spec.shape[spec.axis + 1:], dtype=np.int64)) * ITEMSIZE[spec.dtype]
-    return outer, spec.capacity, inner
-
-
-def row_shape(spec: RingSpec) -> tuple[int, ...]:
-    return tuple(1 if i == spec.axis else n for i, n in enumerate(spec.shape))
+    return outer, spec.capacity, inner, spec.rows, spec.position
 
 
 class DeviceRings:
@@ -46,23 +45,22 @@ class DeviceRings:
         self.specs = list(specs)
         self.ring_ptr: dict[str, int] = {}
         self.row_ptr: dict[str, int] = {}
-        self._groups: list[tuple[int, int, int, int, int, int]] = []
+        self._groups: list[tuple[int, int, int, int, int, int, str]] = []
         self._buffers: list[DeviceBuffer] = []
-        # one group per distinct geometry, each in its own pair of allocations
         by_geometry: dict[tuple, list[RingSpec]] = {}
         for s in self.specs:
             if s.dtype not in ITEMSIZE:
                 raise ValueError(f"ring {s.input_name}: dtype {s.dtype} is not a float type")
             by_geometry.setdefault(_geometry(s), []).append(s)
-        for (outer, slots, inner), group in by_geometry.items():
+        for (outer, slots, inner, rows_per_call, position), group in by_geometry.items():
             rings = DeviceBuffer(len(group) * outer * slots * inner)
-            rows = DeviceBuffer(len(group) * outer * inner)
+            rows = DeviceBuffer(len(group) * outer * rows_per_call * inner)
             self._buffers += [rings, rows]
             for i, s in enumerate(group):
                 self.ring_ptr[s.input_name] = rings.ptr + i * outer * slots * inner
-                self.row_ptr[s.output_name] = rows.ptr + i * outer * inner
+                self.row_ptr[s.output_name] = rows.ptr + i * outer * rows_per_call * inner
             self._groups.append((rings.ptr, rows.ptr, len(group) * outer, slots, inner,
-                                 rings.nbytes))
+                                 rows_per_call, position))
         # Zeros: a masked slot gets probability 0, but 0 * NaN is NaN, so slots never written
         # must not hold whatever bits cudaMalloc left there.
         self.clear(stream)
@@ -73,12 +71,16 @@ class DeviceRings:
         for buf in self._buffers:
             fill_zero(buf.ptr, buf.nbytes, stream)
 
-    def write(self, position: int, stream: Stream) -> None:
-        """Queues the copy of every new row into slot position % T (ordered on `stream` after
-        the graph run that produced the rows, and before the next one)."""
-        for rings, rows, height, slots, inner, _ in self._groups:
-            slot = position % slots
-            copy_rows(rings + slot * inner, slots * inner, rows, inner, inner, height, stream)
+    def write(self, positions: dict[str, int], stream: Stream) -> None:
+        """Queues the copy of every new row r into slot (p + r) % T, p = positions[the ring's
+        position name] (ordered on `stream` after the run that produced the rows, and before
+        the next one)."""
+        for rings, rows, height, slots, inner, per_call, position in self._groups:
+            p = positions[position]
+            for r in range(per_call):
+                slot = (p + r) % slots
+                copy_rows(rings + slot * inner, slots * inner, rows + r * inner,
+                          per_call * inner, inner, height, stream)
 
     @property
     def nbytes(self) -> int:
@@ -88,6 +90,57 @@ class DeviceRings:
         for buf in self._buffers:
             buf.close()
         self._buffers = []
+
+
+class RingPositions:
+    """Each ring's position before a call, known on the host without waiting for the device.
+
+    A position named by a graph input is read from the host input array. One named by a state
+    tensor (`past.<name>`, Mimi's step counter) lives on the device: after every run its new
+    value (the first element of `present.<name>`) is copied to a pinned host scalar, in the same
+    queue, so it is there once the run has been waited for - which every caller does before
+    the next frame."""
+
+    def __init__(self, entry, host_inputs: dict[str, np.ndarray], host_dtype):
+        states = {s.name: s for s in entry.state}
+        self._inputs = host_inputs
+        self._names = sorted({r.position for r in entry.rings})
+        self.mirrors: dict[str, PinnedArray] = {}  # state name -> [1] pinned
+        self._init: dict[str, float] = {}
+        for name in self._names:
+            if name in host_inputs:
+                continue
+            state = name.removeprefix("past.")
+            if state not in states:
+                raise ValueError(f"{entry.file}: ring position {name!r} is neither an input nor "
+                                 "a state tensor")
+            self.mirrors[state] = PinnedArray((1,), host_dtype(states[state].dtype))
+            self._init[state] = states[state].init
+        self.reset()
+
+    def now(self) -> dict[str, int]:
+        """{position name: value before the next call}."""
+        return {name: int(self._inputs[name].flat[0]) if name in self._inputs
+                else int(self.mirrors[name.removeprefix("past.")].array[0])
+                for name in self._names}
+
+    def after_run(self, written: dict[str, int], stream: Stream) -> None:
+        """Queues the copy of each position state's new value; `written` maps state names to
+        the device buffers the run wrote."""
+        for state, pinned in self.mirrors.items():
+            copy_to_host(pinned.array, written[state], stream, pinned.ptr)
+
+    def reset(self) -> None:
+        for state, pinned in self.mirrors.items():
+            pinned.array[0] = self._init[state]
+
+    def set(self, arrays: dict[str, np.ndarray]) -> None:
+        for state, pinned in self.mirrors.items():
+            pinned.array[0] = np.asarray(arrays[state]).flat[0]
+
+    def close(self) -> None:
+        for pinned in self.mirrors.values():
+            pinned.close()
 
 
 def bind_rings_to_ort(binding, rings: DeviceRings, device_id: int = 0) -> None:
@@ -101,5 +154,5 @@ def bind_rings_to_ort(binding, rings: DeviceRings, device_id: int = 0) -> None:
         dtype = np.dtype(s.dtype)
         binding.bind_input(s.input_name, "cuda", device_id, dtype, list(s.shape),
                            rings.ring_ptr[s.input_name])
-        binding.bind_output(s.output_name, "cuda", device_id, dtype, list(row_shape(s)),
+        binding.bind_output(s.output_name, "cuda", device_id, dtype, list(s.rows_shape),
                             rings.row_ptr[s.output_name])

@@ -31,6 +31,7 @@ class GreedyRun:
     tokens: np.ndarray  # [frames, 9] int64: text, agent cb0..7 the model chose each frame
     temporal_ms: np.ndarray  # [frames] helium_step + ring write
     depformer_ms: np.ndarray  # [frames]
+    hidden: np.ndarray  # [frames, D] float32: helium's output each frame
 
 
 class GreedyLM:
@@ -53,13 +54,13 @@ class GreedyLM:
                     buf[...] = 0  # 0 = all of K_max; with zero noise the argmax either way
 
     def frame(self, tokens: np.ndarray, position: int) -> tuple[int, np.ndarray, float, float]:
-        """tokens [1, 17] -> (text token, agent tokens [8], temporal ms, depformer ms)."""
+        """tokens [1, 17] -> (text token, agent tokens [8], temporal ms, depformer ms); the
+        hidden state stays in `self.helium.outputs["hidden"]` until the next frame."""
         h, d = self.helium, self.depformer
         h.inputs["tokens"][...] = tokens
         h.inputs["position"][...] = position
         t0 = time.perf_counter()
-        out = h.run()
-        h.write_rings(position)
+        out = h.run()  # also writes the step's K/V rows into the ring, at `position`
         t1 = time.perf_counter()
         d.inputs["hidden"][...] = out["hidden"]
         d.inputs["text_token"][...] = out["text_token"]
@@ -73,13 +74,15 @@ class GreedyLM:
         n = len(user_codes)
         tokens = np.zeros((n, 9), np.int64)
         temporal, depth = np.zeros(n), np.zeros(n)
+        hidden = np.zeros((n, self.helium.outputs["hidden"].shape[-1]), np.float32)
         for t in range(n):
             ring.write_user(user_codes[t][None])
             text, audio, temporal[t], depth[t] = self.frame(ring.step_input(), ring.position)
             tokens[t, 0], tokens[t, 1:] = text, audio
+            hidden[t] = self.helium.outputs["hidden"][0]
             fed = tokens[t] if forced is None else forced[t]
             ring.write_generated(fed[:1], fed[None, 1:])
-        return GreedyRun(tokens, temporal, depth)
+        return GreedyRun(tokens, temporal, depth, hidden)
 
 
 def agreement(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
@@ -90,3 +93,12 @@ def agreement(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
     return {"text": float(same[:, 0].mean()), "audio": float(same[:, 1:].mean()),
             "frames": float(rows.mean()),
             "first_difference": int(np.argmin(rows)) if not rows.all() else len(rows)}
+
+
+def hidden_error(a: np.ndarray, b: np.ndarray) -> float:
+    """Median over frames of |a - b| / |b| for hidden states [frames, D] (b the reference): how
+    far a precision moves the temporal transformer's output, independent of how flat the
+    logits after it are."""
+    num = np.linalg.norm(a - b, axis=-1)
+    den = np.maximum(np.linalg.norm(b, axis=-1), 1e-12)
+    return float(np.median(num / den))

@@ -1,14 +1,16 @@
 """One graph as a native TensorRT engine, with every buffer on the device.
 
 The same surface as `OrtGraph`: `inputs` / `outputs` are host arrays (write the former, call
-`run()`, read the latter), `reset()`, `write_rings(position)`, `state()` / `set_state()`. Inside:
+`run()`, read the latter; run() also writes the new K/V rows into the rings), `reset()`,
+`write_rings()`, `state()` / `set_state()` (rings included). Inside:
 
 - inputs and outputs have a pinned host array and a device buffer each; per run only those are
   copied (tokens, 1920 samples, a hidden vector, a few tokens back);
 - state ping-pongs between two device buffer sets, exactly as in OrtGraph (call n reads set A
   and writes set B, call n + 1 the reverse), so no state is copied per frame;
-- the KV rings and their new rows are `DeviceRings`: one strided device copy per frame writes
-  every new row in place;
+- the KV rings and their new rows are `DeviceRings`: after each run, one strided device copy
+  per row writes every ring's new rows in place, at the position the ring's spec names (an
+  input, or a state tensor whose value is mirrored to the host after each run);
 - everything is queued on one CUDA stream: `enqueue()` queues a run without waiting, `run()`
   waits for it. `link_input` feeds an input straight from another graph's device output
   (helium's hidden state into the depformer) so a frame's graphs chain on the device, and
@@ -28,7 +30,7 @@ from personaplex_edge.manifest import GraphEntry, Manifest
 
 from .cuda_runtime import (CudaError, DeviceBuffer, PinnedArray, Stream, call, copy_to_device,
                            copy_to_host, device_info, fill_zero)
-from .device_rings import DeviceRings, row_shape
+from .device_rings import DeviceRings, RingPositions
 from .trt_engine import check_compatible, check_engine_file, engine_spec
 
 # TensorRT DataType names -> manifest dtypes
@@ -109,6 +111,8 @@ class TrtGraph:
                 pinned.array[...] = s.init
                 self._state_init[s.name] = pinned
         self.rings = DeviceRings(entry.rings, self.stream)
+        self._positions = RingPositions(entry, self.inputs, host_dtype)
+        self._last_positions: dict[str, int] = {}
         for name, buf in (*self._dev_in.items(), *self._dev_out.items()):
             self._set_address(name, buf.ptr)
         for name, ptr in (*self.rings.ring_ptr.items(), *self.rings.row_ptr.items()):
@@ -133,7 +137,7 @@ class TrtGraph:
             want[s.output_name] = ("output", tuple(s.shape), s.dtype)
         for r in e.rings:
             want[r.input_name] = ("input", tuple(r.shape), r.dtype)
-            want[r.output_name] = ("output", row_shape(r), r.dtype)
+            want[r.output_name] = ("output", tuple(r.rows_shape), r.dtype)
         have: dict[str, tuple] = {}
         for i in range(self.engine.num_io_tensors):
             name = self.engine.get_tensor_name(i)
@@ -165,9 +169,12 @@ class TrtGraph:
         self._set_address(name, self._linked[name])
 
     # -- per call -------------------------------------------------------------------------------
-    def enqueue(self, flip: bool = True) -> None:
-        """Queues one run on the stream: inputs to the device, the engine, outputs back.
-        Returns at once; `stream.synchronize()` (or `run()`) waits."""
+    def enqueue(self, flip: bool = True, rings: bool = True) -> None:
+        """Queues one run on the stream: inputs to the device, the engine, the new K/V rows into
+        the rings, outputs back. Returns at once; `stream.synchronize()` (or `run()`) waits.
+        A CUDA graph capture passes rings=False: the slot moves every frame, so the ring write
+        is queued after each replay instead (CapturedSequence does it)."""
+        self._last_positions = self._positions.now()  # before the call, as the spec says
         for name, pinned in self._pinned_in.items():
             if name not in self._linked:
                 copy_to_device(self._dev_in[name].ptr, pinned.array, self.stream, pinned.ptr)
@@ -177,20 +184,26 @@ class TrtGraph:
             self._set_address(s.output_name, write[s.name].ptr)
         if not self.context.execute_async_v3(self.stream.handle):
             raise CudaError(f"TensorRT could not run {self.entry.file} (see its log above)")
+        if rings:
+            self.rings.write(self._last_positions, self.stream)
         for name, pinned in self._pinned_out.items():
             copy_to_host(pinned.array, self._dev_out[name].ptr, self.stream, pinned.ptr)
+        self._positions.after_run({n: b.ptr for n, b in write.items()}, self.stream)
         if flip:
             self._turn = 1 - self._turn
 
     def run(self) -> dict[str, np.ndarray]:
+        """One call, K/V rows written into the rings; waits for it."""
         self.enqueue()
         self.stream.synchronize()
         return self.outputs
 
-    def write_rings(self, position: int) -> None:
-        """Stores the last run's new K/V rows at slot position % capacity, on the device (queued
-        on the stream, so ordered after that run and before the next)."""
-        self.rings.write(position, self.stream)
+    def write_rings(self, position: int | None = None) -> None:
+        """(Re)writes the last call's new rows: at `position` for every ring, or where the
+        call's own positions put them (what run() already did). Queued on the stream."""
+        positions = self._last_positions if position is None else {
+            n: position for n in self._last_positions}
+        self.rings.write(positions, self.stream)
 
     def reset(self) -> None:
         """Back to the initial state, in place. Ring slots not written since are masked."""
@@ -201,18 +214,25 @@ class TrtGraph:
                 copy_to_device(buf.ptr, pinned.array, self.stream, pinned.ptr)
             else:
                 fill_zero(buf.ptr, buf.nbytes, self.stream)
+        self._positions.reset()
         self.stream.synchronize()
 
     def state(self) -> dict[str, np.ndarray]:
-        """The current state as host arrays (a copy; for inspection and tests)."""
+        """The current state, KV rings included, as host arrays (a copy; to save a stream, or
+        for inspection and tests)."""
         out = {s.name: np.empty(s.shape, host_dtype(s.dtype)) for s in self.entry.state}
         for name, a in out.items():
             copy_to_host(a, self._state[self._turn][name].ptr, self.stream)
+        for r in self.entry.rings:
+            out[r.input_name] = np.empty(r.shape, host_dtype(r.dtype))
+            copy_to_host(out[r.input_name], self.rings.ring_ptr[r.input_name], self.stream)
         self.stream.synchronize()
         return out
 
     def set_state(self, arrays: dict[str, np.ndarray]) -> None:
+        """Replaces the whole state, rings included (e.g. one saved with `state()`)."""
         specs = {s.name: s for s in self.entry.state}
+        specs.update({r.input_name: r for r in self.entry.rings})
         missing, unknown = sorted(set(specs) - set(arrays)), sorted(set(arrays) - set(specs))
         if missing or unknown:
             raise StateError(f"{self.entry.file}: state is missing {missing or 'nothing'} and "
@@ -220,12 +240,15 @@ class TrtGraph:
         staged = {}
         for name, spec in specs.items():
             a = np.ascontiguousarray(arrays[name])
-            if a.shape != spec.shape or a.dtype != host_dtype(spec.dtype):
+            if a.shape != tuple(spec.shape) or a.dtype != host_dtype(spec.dtype):
                 raise StateError(f"{self.entry.file}: state '{name}' must be {spec.dtype} "
                                  f"{list(spec.shape)}, got {a.dtype} {list(a.shape)}")
             staged[name] = a
         for name, a in staged.items():
-            copy_to_device(self._state[self._turn][name].ptr, a, self.stream)
+            dst = self.rings.ring_ptr[name] if name in self.rings.ring_ptr else \
+                self._state[self._turn][name].ptr
+            copy_to_device(dst, a, self.stream)
+        self._positions.set(staged)
         self.stream.synchronize()  # the pageable sources must outlive the copies
 
     def set_input(self, name: str, value: np.ndarray) -> None:
@@ -248,6 +271,7 @@ class TrtGraph:
                        *self._state_init.values()):
             pinned.close()
         self.rings.close()
+        self._positions.close()
         self.context = self.engine = None
         if self._own_stream:
             self.stream.close()

@@ -90,7 +90,7 @@ def check_engine_file(model_dir: str | Path, spec: EngineSpec) -> Path:
 
 def write_sidecar(model_dir: str | Path, specs: dict[str, EngineSpec]) -> None:
     """{graph file: EngineSpec} -> engines.json (used while GraphEntry has no `engine` field)."""
-    from personaplex_edge.manifest import _write_text_atomic
+    from personaplex_edge.manifest import write_text_atomic
 
-    _write_text_atomic(Path(model_dir) / SIDECAR,
+    write_text_atomic(Path(model_dir) / SIDECAR,
                        json.dumps({k: v.to_dict() for k, v in specs.items()}, indent=2))

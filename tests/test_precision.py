@@ -13,6 +13,7 @@ scale is chance: 1/32000 text, 1/2048 audio):
     fp16  text >= 0.95, audio >= 0.95     (fp16 keeps 11 bits: almost never flips)
     int8  text >= 0.85, audio >= 0.70
     int4  text >= 0.55, audio >= 0.12     (audio: a 4-bit 32-wide depformer on flat logits)
+    fp8   text >= 0.80, audio >= 0.40     (e4m3 keeps 3 mantissa bits: ~93% / ~62% measured)
 The mid-size benchmark (benchmarks/bench_precision.py) reports the real-width numbers.
 """
 
@@ -30,7 +31,8 @@ from personaplex_edge.config import preset
 from personaplex_edge.manifest import load_model_dir
 
 FRAMES = 70
-THRESHOLDS = {"fp16": (0.95, 0.95), "int8": (0.85, 0.70), "int4": (0.55, 0.12)}
+THRESHOLDS = {"fp16": (0.95, 0.95), "int8": (0.85, 0.70), "int4": (0.55, 0.12),
+              "fp8": (0.80, 0.40)}
 # ops that must see float32 inputs: RMSNorm (ReduceMean, Sqrt), softmax, RoPE (Cos, Sin),
 # sampling (TopK, ArgMax)
 FP32_OPS = {"ReduceMean", "Sqrt", "Softmax", "Cos", "Sin", "TopK", "ArgMax"}
@@ -185,7 +187,12 @@ def test_weight_formats_compute_their_dequantised_weights():
                               [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, n])],
                               inits)
         m = helper.make_model(g, opset_imports=opset)
-        sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+        opts = ort.SessionOptions()
+        # onnxruntime fuses DequantizeLinear(int4) + MatMul into MatMulNBits with int8
+        # activations by default; level 0 keeps float32 activations, so the product is exact
+        opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
+        sess = ort.InferenceSession(m.SerializeToString(), opts,
+                                    providers=["CPUExecutionProvider"])
         return sess.run(None, {"A": a})[0]
 
     for bits in (4, 8):
@@ -235,3 +242,19 @@ def test_refuses_what_it_cannot_do(fp32_dir, converted, tmp_path):
 
     write_manifest(stage, manifest)
     assert load_model_dir(stage).precision == "fp16"
+
+
+def test_tensorrt_form_uses_only_ops_tensorrt_parses(converted):
+    """What is converted for TensorRT (fp16/bf16 islands, DequantizeLinear weights) stays
+    within TensorRT's ONNX op list, with no control flow; the onnx backend's int4 does not
+    (MatMulNBits), which tensorrt_build refuses with a message."""
+    from test_graph_ops import FORBIDDEN, trt_ops
+
+    from personaplex_edge.export.onnx_export import graph_ops
+
+    allowed = trt_ops()
+    for name in ("fp16", "bf16", "qdq-int8", "qdq-int4", "qdq-fp8"):
+        for graph in ("helium_step", "depformer_step"):
+            ops = graph_ops(converted[name] / f"{graph}.onnx")
+            assert ops <= allowed and not ops & FORBIDDEN, (name, graph, ops - allowed)
+    assert "com.microsoft.MatMulNBits" in graph_ops(converted["int4"] / "helium_step.onnx")

@@ -107,18 +107,24 @@ class _FakeDevice:
 
 
 def test_one_strided_copy_writes_every_ring_in_place(monkeypatch):
-    """DeviceRings' address arithmetic, on simulated device memory: after write(position),
-    slot position % T of every ring holds that ring's new row and nothing else changed."""
+    """DeviceRings' address arithmetic, on simulated device memory: after write(positions),
+    row r of every ring's output sits at slot (p + r) % T of that ring, exactly as
+    RingSpec.write puts it on the CPU, and nothing else changed."""
     from personaplex_edge.runtime import device_rings
 
     dev = _FakeDevice()
+    copies = []
 
     class Buffer:
         def __init__(self, nbytes):
             self.nbytes, self.ptr = nbytes, dev.malloc(nbytes)
 
+    def copy_rows(*args):
+        copies.append(args)
+        dev.copy_rows(*args)
+
     monkeypatch.setattr(device_rings, "DeviceBuffer", Buffer)
-    monkeypatch.setattr(device_rings, "copy_rows", dev.copy_rows)
+    monkeypatch.setattr(device_rings, "copy_rows", copy_rows)
     monkeypatch.setattr(device_rings, "fill_zero",
                         lambda ptr, n, stream: dev.view(ptr, n).fill(0))
 
@@ -126,39 +132,62 @@ def test_one_strided_copy_writes_every_ring_in_place(monkeypatch):
         def synchronize(self):
             pass
 
-    B, H, T, Dh = 1, 3, 5, 4
-    specs = [RingSpec(f"past_key_values.{i}.{k}", f"present.{i}.{k}", (B, H, T, Dh), "float16")
-             for i in range(3) for k in ("key", "value")]
-    rings = device_rings.DeviceRings(specs, Stream())
-    assert len(rings._groups) == 1  # one geometry: one copy per frame
-
-    def array(ptr, shape):
-        return dev.view(ptr, int(np.prod(shape)) * 2).view(np.float16).reshape(shape)
+    def array(ptr, shape, dtype):
+        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        return dev.view(ptr, n).view(dtype).reshape(shape)
 
     rng = np.random.default_rng(0)
-    expect = {s.input_name: np.zeros((B, H, T, Dh), np.float16) for s in specs}
-    for position in (0, 1, 2, 7, 9):  # 7 and 9 wrap around T = 5
-        for s in specs:
-            row = rng.standard_normal((B, H, 1, Dh)).astype(np.float16)
-            array(rings.row_ptr[s.output_name], (B, H, 1, Dh))[...] = row
-            expect[s.input_name][:, :, position % T] = row[:, :, 0]
-        rings.write(position, Stream())
-        for s in specs:
-            np.testing.assert_array_equal(array(rings.ring_ptr[s.input_name], (B, H, T, Dh)),
-                                          expect[s.input_name])
-
-    # rings of two shapes: one copy per geometry, still right
-    mixed = specs[:2] + [RingSpec("past_key_values.9.key", "present.9.key", (B, 2, 3, 8),
-                                  "float32")]
-    rings = device_rings.DeviceRings(mixed, Stream())
+    B, H, T, Dh = 1, 3, 5, 4
+    # Helium-like rings (1 row per call, position an input) and Mimi-like ones (2 rows per
+    # call, position a state tensor), in one graph
+    specs = [RingSpec(f"past_key_values.{i}.{k}", f"present.{i}.{k}", (B, H, T, Dh), "float16")
+             for i in range(3) for k in ("key", "value")]
+    specs += [RingSpec(f"past.kv{i}", f"rows.kv{i}", (B, 2, 7, 8), "float32", 2, "past.offset",
+                       2) for i in range(2)]
+    rings = device_rings.DeviceRings(specs, Stream())
     assert len(rings._groups) == 2
-    row = rng.standard_normal((B, 2, 1, 8)).astype(np.float32)
-    dev.view(rings.row_ptr["present.9.key"], row.nbytes)[:] = row.view(np.uint8).reshape(-1)
-    rings.write(4, Stream())
-    ring = dev.view(rings.ring_ptr["past_key_values.9.key"], B * 2 * 3 * 8 * 4).view(
-        np.float32).reshape(B, 2, 3, 8)
-    np.testing.assert_array_equal(ring[:, :, 4 % 3], row[:, :, 0])
-    assert not ring[:, :, [0, 2]].any()
+    expect = {s.input_name: np.zeros(s.shape, np.dtype(s.dtype)) for s in specs}
+    for step, (position, offset) in enumerate([(0, 0), (1, 2), (4, 4), (7, 6), (9, 12)]):
+        for s in specs:
+            rows = rng.standard_normal(s.rows_shape).astype(s.dtype)
+            array(rings.row_ptr[s.output_name], s.rows_shape, s.dtype)[...] = rows
+            p = position if s.position == "position" else offset
+            s.write(expect[s.input_name], rows, p)  # the CPU reference (RingSpec.write)
+        copies.clear()
+        rings.write({"position": position, "past.offset": offset}, Stream())
+        assert len(copies) == 1 + 2  # one copy for all six 1-row rings, one per row for Mimi's
+        for s in specs:
+            np.testing.assert_array_equal(
+                array(rings.ring_ptr[s.input_name], s.shape, s.dtype), expect[s.input_name],
+                err_msg=f"{s.input_name} after call {step}")
+
+
+def test_ring_positions_come_from_inputs_or_mirrored_state(monkeypatch):
+    from personaplex_edge.manifest import GraphEntry, StateSpec
+    from personaplex_edge.runtime import device_rings
+
+    class Pinned:
+        def __init__(self, shape, dtype):
+            self.array, self.ptr = np.zeros(shape, dtype), 0
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(device_rings, "PinnedArray", Pinned)
+    entry = GraphEntry("g.onnx", "x", [], [], [StateSpec("offset", (1,), "int64", 3.0)],
+                       rings=[RingSpec("a", "b", (1, 1, 4, 2), "float32", 2, "past.offset", 2),
+                              RingSpec("c", "d", (1, 1, 4, 2), "float32", 2, "position")])
+    inputs = {"position": np.array([11], np.int64)}
+    pos = device_rings.RingPositions(entry, inputs, np.dtype)
+    assert pos.now() == {"past.offset": 3, "position": 11}  # the state's initial value
+    pos.set({"offset": np.array([8])})
+    inputs["position"][0] = 12
+    assert pos.now() == {"past.offset": 8, "position": 12}
+    pos.reset()
+    assert pos.now()["past.offset"] == 3
+    with pytest.raises(ValueError, match="neither an input nor a state"):
+        device_rings.RingPositions(GraphEntry("g.onnx", "x", [], [], rings=[
+            RingSpec("a", "b", (1, 1, 4, 2), "float32", 2, "past.nothing")]), {}, np.dtype)
 
 
 def test_without_cuda_python_or_gpu_the_error_says_what_to_do(monkeypatch):
@@ -226,9 +255,8 @@ def test_captured_frame_equals_eager(tiny_fp16_engines):
             if capture:
                 seq.launch()
             else:
-                helium.enqueue()
+                helium.enqueue()  # writes its K/V rows after the run
                 depformer.enqueue()
-            helium.write_rings(t)
             helium.stream.synchronize()
             out.append(np.concatenate([helium.outputs["text_token"],
                                        depformer.outputs["audio_tokens"][0]]))
