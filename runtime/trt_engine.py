@@ -89,8 +89,14 @@ def check_engine_file(model_dir: str | Path, spec: EngineSpec) -> Path:
 
 
 def write_sidecar(model_dir: str | Path, specs: dict[str, EngineSpec]) -> None:
-    """{graph file: EngineSpec} -> engines.json (used while GraphEntry has no `engine` field)."""
+    """{graph file: EngineSpec} -> engines.json (used while GraphEntry has no `engine` field),
+    merged with the engines already recorded there (graphs built separately)."""
     from personaplex_edge.manifest import write_text_atomic
 
-    write_text_atomic(Path(model_dir) / SIDECAR,
-                       json.dumps({k: v.to_dict() for k, v in specs.items()}, indent=2))
+    path = Path(model_dir) / SIDECAR
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        data = {}
+    data.update({k: v.to_dict() for k, v in specs.items()})
+    write_text_atomic(path, json.dumps(data, indent=2))

@@ -89,6 +89,22 @@ def export_fp32(cfg, work: Path) -> Path:
     return build_fp32(cfg, work)
 
 
+def export_codec(work: Path) -> Path:
+    """The real-size Mimi codec alone (random weights), float32."""
+    from personaplex_edge.config import PersonaPlexConfig
+    from personaplex_edge.export.hub import resolve_checkpoint
+    from personaplex_edge.export.model_export import export_model
+    from personaplex_edge.export.synthetic import write_synthetic_checkpoint
+    from personaplex_edge.manifest import load_model_dir, write_manifest
+
+    out = work / "fp32-tensorrt"
+    if not (out / "manifest.json").is_file():
+        ckpt = write_synthetic_checkpoint(PersonaPlexConfig(), work / "checkpoint", with_lm=False)
+        export_model(resolve_checkpoint(str(ckpt), with_lm=False), out, progress=lambda s: None)
+        write_manifest(out, dataclasses.replace(load_model_dir(out), backend="tensorrt"))
+    return out
+
+
 def convert(fp32: Path, work: Path, precision: str, backend: str) -> Path:
     from personaplex_edge.export.precision import convert_model_dir
 
@@ -244,8 +260,13 @@ def time_codec(label: str, model_dir: Path, backend: str, frames: int = 60) -> s
         codes.append(c)
     row = {"model": label, "backend": backend, "encode_ms": float(np.mean(e_ms[5:])),
            "decode_ms": float(np.mean(d_ms[5:])), "codes": np.array(codes)}
+    ref = next((t["codes"] for t in TIMINGS if t.get("model") == label
+                and t.get("backend") == "ort-cpu" and "codes" in t), None)
+    if ref is not None and backend != "ort-cpu":
+        row["codes_equal"] = float((row["codes"] == ref).mean())
     TIMINGS.append(row)
-    return f"encode {row['encode_ms']:.2f} ms, decode {row['decode_ms']:.2f} ms per frame"
+    same = f", codes equal to ort-cpu: {row['codes_equal']:.1%}" if "codes_equal" in row else ""
+    return f"encode {row['encode_ms']:.2f} ms, decode {row['decode_ms']:.2f} ms per frame{same}"
 
 
 # ---- report ---------------------------------------------------------------------------------------
@@ -294,10 +315,12 @@ def report(bytes_mid: dict[str, int]) -> None:
     codec = [t for t in TIMINGS if "encode_ms" in t]
     if codec:
         say("\n## Codec per frame (float32)\n")
-        say("| model | backend | encode ms | decode ms |")
-        say("| --- | --- | ---: | ---: |")
+        say("| model | backend | encode ms | decode ms | codes equal to ort-cpu |")
+        say("| --- | --- | ---: | ---: | ---: |")
         for t in codec:
-            say(f"| {t['model']} | {t['backend']} | {t['encode_ms']:.2f} | {t['decode_ms']:.2f} |")
+            eq = f"{t['codes_equal']:.1%}" if "codes_equal" in t else "(reference)"
+            say(f"| {t['model']} | {t['backend']} | {t['encode_ms']:.2f} | {t['decode_ms']:.2f} "
+                f"| {eq} |")
     say("\n## Full 7B: bytes per frame and bandwidth floor (estimate, not measured)\n")
     cfg = PersonaPlexConfig()
     say("| precision | GB/frame | " + " | ".join(f"{d} ms" for d in DEVICES) + " |")
@@ -327,6 +350,59 @@ def report(bytes_mid: dict[str, int]) -> None:
                 "(target: <= 10 ms/frame on an H200 in fp16)")
 
 
+# ---- stages of one model --------------------------------------------------------------------------
+
+def lm_stages(label, model, precision, backend, engine_graphs, user, budget, cpu_only, have_trt,
+              bytes_mid, big: bool) -> None:
+    from personaplex_edge.export.frame_bytes import model_bytes_per_frame
+    from personaplex_edge.manifest import load_model_dir
+
+    manifest = load_model_dir(model)
+    bytes_mid[label] = sum(model_bytes_per_frame(model, manifest).values())
+    ref = None
+    if precision != "bf16":  # onnxruntime's CPU has no bf16 MatMul
+        if stage(f"{label}: ort-cpu", lambda: time_lm(label, model, "ort-cpu", user, None),
+                 budget, need_s=20) is not None:
+            ref = next(t["tokens"] for t in reversed(TIMINGS)
+                       if t.get("model") == label and "tokens" in t)
+        if backend == "onnx" or precision in ("fp32", "fp16"):
+            stage(f"{label}: ort-cuda", lambda: time_lm(label, model, "ort-cuda", user, ref),
+                  budget, 20, gpu=True, cpu_only=cpu_only)
+    if backend != "tensorrt":
+        return
+    if not have_trt:
+        RESULTS.append({"stage": f"{label}: TensorRT", "status": "skipped",
+                        "detail": "tensorrt is not installed"})
+        return
+    graphs = engine_graphs or list(manifest.graphs)
+    built = stage(f"{label}: build TensorRT engines ({', '.join(graphs)})",
+                  lambda: engines(model, graphs), budget, need_s=90 if big else 30, gpu=True,
+                  cpu_only=cpu_only)
+    if built is None:
+        return
+    for trt_backend in ("trt", "trt-graph"):
+        stage(f"{label}: {trt_backend}", lambda: time_lm(label, model, trt_backend, user, ref),
+              budget, 20, gpu=True, cpu_only=cpu_only)
+
+
+def codec_stages(root: Path, budget: Budget, cpu_only: bool, have_trt: bool) -> None:
+    """The real-size Mimi codec (float32) on each backend, codes compared with ort-cpu."""
+    model = stage("codec: export real-size Mimi (random weights)", lambda: export_codec(root),
+                  budget, need_s=60)
+    if model is None:
+        return
+    stage("codec: ort-cpu", lambda: time_codec("Mimi fp32", model, "ort-cpu"), budget, 30)
+    stage("codec: ort-cuda", lambda: time_codec("Mimi fp32", model, "ort-cuda"), budget, 20,
+          gpu=True, cpu_only=cpu_only)
+    if not have_trt:
+        return
+    graphs = ["mimi_encoder", "mimi_decoder"]
+    if stage("codec: build TensorRT engines", lambda: engines(model, graphs), budget, 60,
+             gpu=True, cpu_only=cpu_only) is not None:
+        stage("codec: trt", lambda: time_codec("Mimi fp32", model, "trt"), budget, 20, gpu=True,
+              cpu_only=cpu_only)
+
+
 # ---- main -----------------------------------------------------------------------------------------
 
 def main() -> None:
@@ -334,7 +410,9 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=480)
     ap.add_argument("--work", default="/tmp/personaplex_gpu_check")
     ap.add_argument("--frames", type=int, default=100)
-    ap.add_argument("--configs", default="tiny,mid")
+    ap.add_argument("--configs", default="tiny,mid,codec",
+                    help="tiny and mid: the LM (random weights) in each precision; codec: the "
+                    "real-size Mimi")
     ap.add_argument("--cpu-only", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -367,64 +445,41 @@ def main() -> None:
         have_trt = False
     bytes_mid: dict[str, int] = {}
     frames = {"tiny": 60, "mid": args.frames}
-    # per config: precisions converted for each backend, most important first
-    plans = {"tiny": [("fp32", "tensorrt"), ("fp16", "tensorrt"), ("int4", "onnx"),
-                      ("int4", "tensorrt")],
-             "mid": [("fp16", "tensorrt"), ("fp32", "tensorrt"), ("int4", "tensorrt"),
-                     ("int4", "onnx"), ("bf16", "tensorrt"), ("int8", "tensorrt"),
-                     ("fp8", "tensorrt")]}
+    lm, everything = ["helium_step", "depformer_step"], None
+    # per config: (precision, backend, graphs to build engines for), most important first
+    plans = {"tiny": [("fp32", "tensorrt", everything), ("fp16", "tensorrt", everything),
+                      ("int4", "onnx", None), ("int4", "tensorrt", lm)],
+             "mid": [("fp16", "tensorrt", lm), ("fp32", "tensorrt", lm), ("int4", "tensorrt", lm),
+                     ("int4", "onnx", None), ("bf16", "tensorrt", lm), ("int8", "tensorrt", lm),
+                     ("fp8", "tensorrt", lm)]}
     for name in [c for c in args.configs.split(",") if c]:
-        cfg = config(name)
         root = work / name
         root.mkdir(parents=True, exist_ok=True)
+        if name == "codec":
+            codec_stages(root, budget, cpu_only, have_trt)
+            continue
+        cfg = config(name)
         fp32 = stage(f"{name}: export float32 (random weights)",
                      lambda: export_fp32(cfg, root), budget, need_s=60)
         if fp32 is None:
             continue
         user = np.random.default_rng(0).integers(0, cfg.audio_vocab_size,
                                                  (frames[name] + 5, 8)).astype(np.int64)
-        for precision, backend in plans[name]:
+        for precision, backend, engine_graphs in plans[name]:
             label = f"{name} {precision}-{backend}"
-            need = 30 if name == "tiny" else 120
             model = stage(f"{label}: convert", lambda: convert(fp32, root, precision, backend),
-                          budget, need_s=need)
+                          budget, need_s=30 if name == "tiny" else 120)
             if model is None:
                 continue
-            from personaplex_edge.export.frame_bytes import model_bytes_per_frame
-            from personaplex_edge.manifest import load_model_dir
-
-            counted = model_bytes_per_frame(model, load_model_dir(model))
-            bytes_mid[label] = sum(counted.values())
-            ref = None
-            if precision != "bf16":  # onnxruntime's CPU has no bf16 MatMul
-                out = stage(f"{label}: ort-cpu", lambda: time_lm(label, model, "ort-cpu", user,
-                                                                 None), budget, need_s=20)
-                if out is not None:
-                    ref = next(t["tokens"] for t in reversed(TIMINGS)
-                               if t.get("model") == label and "tokens" in t)
-                if backend == "onnx" or precision in ("fp32", "fp16"):
-                    stage(f"{label}: ort-cuda", lambda: time_lm(label, model, "ort-cuda", user,
-                                                                ref), budget, 20, gpu=True,
-                          cpu_only=cpu_only)
-            if backend == "tensorrt" and have_trt:
-                lm_graphs = ["helium_step", "depformer_step"]
-                built = stage(f"{label}: build TensorRT engines", lambda: engines(model, lm_graphs),
-                              budget, need_s=90 if name == "mid" else 30, gpu=True,
-                              cpu_only=cpu_only)
-                if built is not None:
-                    for trt_backend in ("trt", "trt-graph"):
-                        stage(f"{label}: {trt_backend}",
-                              lambda: time_lm(label, model, trt_backend, user, ref), budget, 20,
-                              gpu=True, cpu_only=cpu_only)
-            elif backend == "tensorrt":
-                RESULTS.append({"stage": f"{label}: TensorRT", "status": "skipped",
-                                "detail": "tensorrt is not installed"})
+            lm_stages(label, model, precision, backend, engine_graphs, user, budget, cpu_only,
+                      have_trt, bytes_mid, big=name != "tiny")
         if name == "tiny":
             model = root / "fp32-tensorrt"
             if (model / "manifest.json").is_file():
-                for b in ("ort-cpu", "ort-cuda"):
+                for b in ("ort-cpu", "ort-cuda", "trt"):
                     stage(f"tiny codec: {b}", lambda: time_codec("tiny fp32", model, b),
-                          budget, 15, gpu=b != "ort-cpu", cpu_only=cpu_only)
+                          budget, 15, gpu=b != "ort-cpu", cpu_only=cpu_only or (
+                              b == "trt" and not have_trt))
     report(bytes_mid)
     if args.json or os.environ.get("OUT"):
         path = Path(args.json or Path(os.environ["OUT"]) / "gpu_check.json")

@@ -199,6 +199,154 @@ def test_without_cuda_python_or_gpu_the_error_says_what_to_do(monkeypatch):
     assert "cuda-python" in why or "GPU" in why or "device" in why
 
 
+# ---- the GPU backends' host logic on a simulated GPU (tests/fake_gpu.py) -----------------------
+
+@pytest.fixture(scope="module")
+def tiny_fp32(tmp_path_factory) -> Path:
+    from personaplex_edge.export.hub import resolve_checkpoint
+    from personaplex_edge.export.model_export import export_model
+    from personaplex_edge.export.synthetic import write_synthetic_checkpoint
+
+    root = tmp_path_factory.mktemp("sim")
+    ckpt = write_synthetic_checkpoint(preset("tiny"), root / "ckpt")
+    export_model(resolve_checkpoint(str(ckpt)), root / "fp32", progress=lambda s: None)
+    return root / "fp32"
+
+
+@pytest.fixture
+def simulated(tiny_fp32, tmp_path, monkeypatch):
+    """A copy of the tiny model with simulated engines, cuda-python and TensorRT patched."""
+    import shutil
+
+    import fake_gpu
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_fp32, model)
+    return model, fake_gpu.install(monkeypatch, model)
+
+
+def test_trt_backend_runs_the_lm_like_onnxruntime(simulated):
+    """Greedy frames through TrtGraph (device buffers, one 2D copy per ring write, positions
+    from the input) equal OrtGraph's on the CPU, past the ring's wrap (context 40)."""
+    from personaplex_edge.runtime.lm_probe import GreedyLM
+
+    model, cuda = simulated
+    manifest = load_model_dir(model)
+    user = np.random.default_rng(3).integers(0, 2048, (50, 8))
+    cpu = GreedyLM(model, manifest, device="cpu", threads=1).run(user)
+    gpu = GreedyLM(model, dataclasses.replace(manifest, backend="tensorrt")).run(user)
+    np.testing.assert_array_equal(gpu.tokens, cpu.tokens)
+    np.testing.assert_allclose(gpu.hidden, cpu.hidden, rtol=1e-6, atol=1e-6)
+    assert cuda.copies_2d == 50  # all 4 rings of helium in one copy per frame
+
+
+def test_trt_backend_runs_the_codec_like_onnxruntime(simulated):
+    """Mimi's graphs (ping-pong state, rings of 2 rows per call whose position is a state
+    tensor mirrored to the host) through TrtGraph equal OrtGraph, past the ring's wrap; state()
+    / set_state() / reset() round-trip through the device."""
+    from personaplex_edge.runtime.ort_graph import OrtGraph
+    from personaplex_edge.runtime.trt_backend import TrtGraph
+
+    model, _ = simulated
+    manifest = load_model_dir(model)
+    rng = np.random.default_rng(0)
+    pcm = (rng.standard_normal((30, *manifest.graphs["mimi_encoder"].inputs[0].shape)) * 0.1
+           ).astype(np.float32)
+    graphs = {}
+    for kind, make in (("cpu", lambda e: OrtGraph(model, e)),
+                       ("gpu", lambda e: TrtGraph(model, manifest, e))):
+        enc, dec = make(manifest.graphs["mimi_encoder"]), make(manifest.graphs["mimi_decoder"])
+        graphs[kind] = (enc, dec)
+    out = {}
+    for kind, (enc, dec) in graphs.items():
+        codes, audio = [], []
+        for frame in pcm:
+            enc.inputs["pcm"][...] = frame
+            codes.append(enc.run()["codes"].copy())
+            dec.inputs["codes"][...] = codes[-1]
+            audio.append(dec.run()["pcm"].copy())
+        out[kind] = (np.array(codes), np.array(audio))
+    np.testing.assert_array_equal(out["gpu"][0], out["cpu"][0])
+    np.testing.assert_allclose(out["gpu"][1], out["cpu"][1], rtol=1e-6, atol=1e-6)
+
+    enc_cpu, enc_gpu = graphs["cpu"][0], graphs["gpu"][0]
+    saved = enc_gpu.state()
+    for name, value in enc_cpu.state().items():  # rings included
+        np.testing.assert_array_equal(saved[name], value, err_msg=name)
+    enc_gpu.inputs["pcm"][...] = pcm[0]
+    after = enc_gpu.run()["codes"].copy()
+    enc_gpu.set_state(saved)
+    np.testing.assert_array_equal(enc_gpu.run()["codes"], after)  # same state, same result
+    enc_gpu.reset()
+    enc_cpu.reset()
+    for kind, enc in (("cpu", enc_cpu), ("gpu", enc_gpu)):
+        enc.inputs["pcm"][...] = pcm[0]
+    np.testing.assert_array_equal(enc_gpu.run()["codes"], enc_cpu.run()["codes"])
+
+
+def test_captured_frame_replays_like_eager_runs(simulated):
+    """helium + depformer linked on the device and captured as one graph (ring write queued
+    after each replay) give the eager tokens; a stateful graph (the encoder) captures both
+    ping-pong parities and alternates them."""
+    from personaplex_edge.runtime.cuda_graphs import CapturedSequence
+    from personaplex_edge.runtime.lm_probe import GreedyLM
+    from personaplex_edge.runtime.trt_backend import TrtGraph
+    from personaplex_edge.streams import TokenRing
+
+    model, cuda = simulated
+    manifest = load_model_dir(model)
+    user = np.random.default_rng(4).integers(0, 2048, (45, 8))
+    eager = GreedyLM(model, dataclasses.replace(manifest, backend="tensorrt")).run(user).tokens
+
+    helium = TrtGraph(model, manifest, manifest.graphs["helium_step"])
+    depformer = TrtGraph(model, manifest, manifest.graphs["depformer_step"], stream=helium.stream)
+    depformer.link_input("hidden", helium, "hidden")
+    depformer.link_input("text_token", helium, "text_token")
+    for g in (helium, depformer):
+        for name, buf in g.inputs.items():
+            if name.endswith("temperature"):
+                buf[...] = 1.0
+    seq = CapturedSequence([helium, depformer])
+    ring, tokens = TokenRing(manifest.config), []
+    for codes in user:
+        ring.write_user(codes[None])
+        helium.inputs["tokens"][...] = ring.step_input()
+        helium.inputs["position"][...] = ring.position
+        seq.launch()
+        seq.synchronize()
+        tokens.append([helium.outputs["text_token"][0], *depformer.outputs["audio_tokens"][0]])
+        ring.write_generated(np.array(tokens[-1][:1]), np.array(tokens[-1][1:])[None])
+    np.testing.assert_array_equal(np.array(tokens), eager)
+    assert cuda.launches == len(user)
+
+    enc = TrtGraph(model, manifest, manifest.graphs["mimi_encoder"])
+    ref = TrtGraph(model, manifest, manifest.graphs["mimi_encoder"])
+    seq = CapturedSequence([enc])
+    assert set(seq._execs) == {0, 1}
+    pcm = np.random.default_rng(1).standard_normal((20, *enc.inputs["pcm"].shape)) * 0.1
+    for frame in pcm:
+        enc.inputs["pcm"][...] = ref.inputs["pcm"][...] = frame
+        seq.run()
+        np.testing.assert_array_equal(enc.outputs["codes"], ref.run()["codes"])
+
+
+def test_engine_sidecar_and_tampering_on_simulated_gpu(simulated):
+    from personaplex_edge.runtime.trt_backend import TrtGraph
+    from personaplex_edge.runtime.trt_engine import SIDECAR
+
+    model, _ = simulated
+    manifest = load_model_dir(model)
+    entry = manifest.graphs["depformer_step"]
+    (model / "depformer_step.engine").write_text(entry.file + " ")  # changed after the build
+    with pytest.raises(ModelDirError, match="does not match its sha256"):
+        TrtGraph(model, manifest, entry)
+    data = json.loads((model / SIDECAR).read_text())
+    data[entry.file]["tensorrt_version"] = "10.0.0"
+    (model / SIDECAR).write_text(json.dumps(data))
+    with pytest.raises(ModelDirError, match="TensorRT 10.0.0 built it, this is 0.0-simulated"):
+        TrtGraph(model, manifest, entry)
+
+
 # ---- GPU --------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
