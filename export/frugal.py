@@ -36,7 +36,7 @@ _STORED = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32, "F64": np.fl
            "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
            "BOOL": np.bool_}
 _HEADER_LIMIT = 100 << 20  # safetensors' own cap on the JSON header
-CHUNK_BYTES = 64 << 20  # float32 bytes converted per block: bounds the transient memory
+CHUNK_BYTES = 16 << 20  # float32 bytes converted per block: bounds the transient memory
 # Tensors of 1 MiB or more start at a 64 KiB boundary (Windows' allocation granularity, a
 # multiple of every page size), so a runtime can memory-map them; small ones pack tightly.
 ALIGN_LARGE, ALIGN_SMALL, LARGE = 1 << 16, 64, 1 << 20

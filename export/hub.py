@@ -2,14 +2,20 @@
 
 Both give the same `CheckpointFiles`; a repository is fetched through huggingface_hub (its cache,
 progress bars, HF_TOKEN and offline mode apply), file by file, only the files that are needed.
+Before a download the hub's metadata gives each file's size (a missing file or a full disk is
+an error before anything is fetched); after it, and for local directories, every file is checked
+against those sizes and safetensors files against their own headers, so a truncated file is a
+clear CheckpointError, not a crash an hour into an export.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from personaplex_edge.config import PersonaPlexConfig
 from personaplex_edge.errors import CheckpointError
@@ -44,6 +50,44 @@ def _config_from(path: Path | None) -> PersonaPlexConfig:
     return PersonaPlexConfig.from_dict(data, where=str(path))
 
 
+def _spm_check(path: Path) -> None:
+    try:
+        import sentencepiece as spm
+
+        spm.SentencePieceProcessor(model_file=str(path))
+    except ImportError:
+        return  # the export extra brings it; nothing to check with otherwise
+    except Exception as e:  # sentencepiece raises RuntimeError/OSError for a damaged model
+        raise CheckpointError(f"{path} is not a readable SentencePiece model ({e}); download "
+                              "it again") from None
+
+
+def check_checkpoint_files(ckpt: CheckpointFiles,
+                           expected_sizes: dict[str, int] | None = None) -> None:
+    """Catches damaged or incomplete files before a long export starts: a safetensors file
+    shorter than its header declares (an interrupted download), any file whose size differs
+    from what the hub reports (`expected_sizes`: file name -> bytes), an unreadable tokenizer.
+    Reads headers only."""
+    from .frugal import SafetensorsHeader
+
+    sizes = expected_sizes or {}
+    for path in (ckpt.mimi, ckpt.lm, ckpt.tokenizer, ckpt.voices):
+        if path is None:
+            continue
+        want = sizes.get(path.name)
+        if path.suffix == ".safetensors":
+            SafetensorsHeader(path).check_complete(want)
+        size = path.stat().st_size
+        if want is not None and size != want:
+            raise CheckpointError(
+                f"{path} has {size:,} bytes, the hub says {want:,}: the download is incomplete "
+                "or damaged; delete the file and download it again")
+        if size == 0:
+            raise CheckpointError(f"{path} is empty; download it again")
+    if ckpt.tokenizer is not None:
+        _spm_check(ckpt.tokenizer)
+
+
 def _local(root: Path, with_lm: bool) -> CheckpointFiles:
     def opt(name: str) -> Path | None:
         return root / name if (root / name).is_file() else None
@@ -56,53 +100,125 @@ def _local(root: Path, with_lm: bool) -> CheckpointFiles:
     if with_lm and lm is None:
         raise CheckpointError(f"{root} has no {LM_FILE} (to export only the codec, use "
                               "--codec-only)")
-    return CheckpointFiles(str(root), _config_from(opt(CONFIG_FILE)), mimi, lm,
-                           opt(TOKENIZER_FILE), opt(VOICES_FILE))
+    ckpt = CheckpointFiles(str(root), _config_from(opt(CONFIG_FILE)), mimi, lm,
+                           opt(TOKENIZER_FILE) if with_lm else None,
+                           opt(VOICES_FILE) if with_lm else None)
+    check_checkpoint_files(ckpt)
+    return ckpt
 
 
-def _download(repo: str, with_lm: bool) -> CheckpointFiles:
+def _gated(repo: str) -> CheckpointError:
+    return CheckpointError(
+        f"{repo} is gated: accept its licence on https://huggingface.co/{repo} (logged in), "
+        "then log in here ('hf auth login') or set HF_TOKEN to a token of that account")
+
+
+def _not_found(repo: str) -> CheckpointError:
+    return CheckpointError(f"{repo} was not found on the Hugging Face hub (or it is private and "
+                           "no token was given; set HF_TOKEN)")
+
+
+def remote_sizes(repo: str, names: list[str]) -> dict[str, int] | None:
+    """{file name: bytes} of those of `names` the repository has, from the hub's metadata
+    (no download); None when the hub cannot be asked (offline, no connection)."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
     try:
-        from huggingface_hub import hf_hub_download
+        entries = HfApi().get_paths_info(repo, names)
+    except GatedRepoError:
+        raise _gated(repo) from None
+    except RepositoryNotFoundError:
+        raise _not_found(repo) from None
+    except Exception:  # offline mode, no network, a proxy error: the downloads will say more
+        return None
+    return {e.path: int(e.size) for e in entries if getattr(e, "size", None) is not None}
+
+
+def _cache_dir() -> Path:
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def _check_disk_space(repo: str, missing: dict[str, int]) -> None:
+    """Refuses to start a download that cannot fit in the hub cache."""
+    need = sum(missing.values())
+    where = _cache_dir()
+    probe = where
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if need > free:
+        raise CheckpointError(
+            f"downloading {', '.join(missing)} from {repo} needs {need / 1e9:.1f} GB in {where}, "
+            f"which has {free / 1e9:.1f} GB free: free some space, or point HF_HUB_CACHE (or "
+            "HF_HOME) at a larger disk")
+
+
+def _download(repo: str, with_lm: bool, progress: Callable[[str], None]) -> CheckpointFiles:
+    try:
+        from huggingface_hub import hf_hub_download, try_to_load_from_cache
         from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError,
                                             LocalEntryNotFoundError, RepositoryNotFoundError)
     except ImportError as e:
         raise CheckpointError("downloading needs huggingface_hub: pip install "
                               "'personaplex-edge[export]'") from e
 
+    required = [MIMI_FILE] + ([LM_FILE] if with_lm else [])
+    optional = [CONFIG_FILE] + ([TOKENIZER_FILE, VOICES_FILE] if with_lm else [])
+    sizes = remote_sizes(repo, required + optional)
+    if sizes is not None:
+        absent = [name for name in required if name not in sizes]
+        if absent:
+            raise CheckpointError(f"{repo} has no file {', '.join(absent)}: is it a PersonaPlex "
+                                  f"checkpoint (like {DEFAULT_REPO})?")
+        missing = {name: size for name, size in sizes.items()
+                   if not isinstance(try_to_load_from_cache(repo, name), str)}
+        _check_disk_space(repo, missing)
+        for name, size in missing.items():
+            if size > 100 << 20:
+                progress(f"downloading {name} ({size / 1e9:.1f} GB) from {repo}")
+
     def fetch(name: str, required: bool) -> Path | None:
+        if sizes is not None and name not in sizes and not required:
+            return None  # the hub said the repository does not have it
         try:
             return Path(hf_hub_download(repo, name))
         except GatedRepoError:
-            raise CheckpointError(
-                f"{repo} is gated: accept its licence on its Hugging Face page, then log in "
-                "('hf auth login') or set HF_TOKEN to a token of that account") from None
+            raise _gated(repo) from None
         except RepositoryNotFoundError:
-            raise CheckpointError(f"{repo} was not found on the Hugging Face hub (or it is "
-                                  "private and no token was given; set HF_TOKEN)") from None
+            raise _not_found(repo) from None
+        except LocalEntryNotFoundError:  # (a subclass of EntryNotFoundError: first)
+            raise CheckpointError(f"cannot download {name} from {repo}: no connection (or "
+                                  "HF_HUB_OFFLINE=1) and it is not in the local cache") from None
         except EntryNotFoundError:
             if required:
                 raise CheckpointError(f"{repo} has no file {name}") from None
             return None
-        except LocalEntryNotFoundError:
-            raise CheckpointError(f"cannot download {name} from {repo}: no connection (or "
-                                  "HF_HUB_OFFLINE=1) and it is not in the local cache") from None
+        except Exception as e:  # network and HTTP errors: one line, not a traceback
+            raise CheckpointError(f"cannot download {name} from {repo}: {e}") from e
 
     config = fetch(CONFIG_FILE, required=False)
     mimi = fetch(MIMI_FILE, required=True)
     lm = fetch(LM_FILE, required=True) if with_lm else None
-    return CheckpointFiles(repo, _config_from(config), mimi, lm,
-                           fetch(TOKENIZER_FILE, required=False),
+    ckpt = CheckpointFiles(repo, _config_from(config), mimi, lm,
+                           fetch(TOKENIZER_FILE, required=False) if with_lm else None,
                            fetch(VOICES_FILE, required=False) if with_lm else None)
+    check_checkpoint_files(ckpt, sizes)
+    return ckpt
 
 
-def resolve_checkpoint(spec: str, with_lm: bool = True) -> CheckpointFiles:
-    """`spec` is a local directory or a hub repository id such as nvidia/personaplex-7b-v1."""
+def resolve_checkpoint(spec: str, with_lm: bool = True,
+                       progress: Callable[[str], None] = print) -> CheckpointFiles:
+    """`spec` is a local directory or a hub repository id such as nvidia/personaplex-7b-v1.
+    Either way the files are checked (sizes, headers) before anything long starts."""
     path = Path(spec).expanduser()
     if path.is_dir():
         return _local(path, with_lm)
     if path.exists():
         raise CheckpointError(f"{spec} is a file; give the checkpoint directory that holds it")
     if _REPO_ID.match(spec) and not spec.startswith((".", "/")):
-        return _download(spec, with_lm)
+        return _download(spec, with_lm, progress)
     raise CheckpointError(f"checkpoint {spec} is neither a directory nor a hub repository id "
                           f"(like {DEFAULT_REPO})")

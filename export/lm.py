@@ -368,14 +368,14 @@ def export_lm_graphs_frugal(cfg: PersonaPlexConfig, checkpoint_path: str | Path,
     header.check_complete()
     helium, depformer = placeholder_lm(cfg)
     steps = range(cfg.depformer.num_active_codebooks)
-    # Loaded only while they run: each Helium layer; each depformer step's own projections
-    # and MLP (every one runs once per frame). The embedding tables and shared norms stay.
+    # Loaded only while they run: each Helium layer and the text head; each depformer step's
+    # own projections and MLP (every one runs once per frame). Embedding tables and norms stay.
     dep_streamed = [f"{kind}.{k}" for kind in ("depformer_in", "linears") for k in steps] + [
         f"layers.{j}.{kind}.{k}" for j in range(cfg.depformer.num_hidden_layers)
         for kind in ("in_projs", "out_projs", "gating") for k in steps]
     jobs = [("helium_step", helium, helium.step, helium_inputs(cfg, batch, k_max),
              helium_outputs(cfg), helium_plan(cfg),
-             [f"layers.{i}" for i in range(cfg.helium.num_hidden_layers)]),
+             [f"layers.{i}" for i in range(cfg.helium.num_hidden_layers)] + ["text_linear"]),
             ("depformer_step", depformer, depformer.step, depformer_inputs(cfg, batch, k_max),
              ["audio_tokens"], depformer_plan(cfg), dep_streamed)]
     entries = {}

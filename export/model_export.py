@@ -54,11 +54,13 @@ def export_codec(mimi: Mimi, out: Path, batch: int, progress: Progress) -> dict[
 
 def export_lm(ckpt: CheckpointFiles, out: Path, batch: int,
               progress: Progress) -> dict[str, GraphEntry]:
-    from .lm import export_lm_graphs
+    """The LM graphs, weights streamed from the checkpoint into external data (lm.py's
+    export_lm_graphs_frugal): the 7B is never held in memory twice."""
+    from .lm import export_lm_graphs_frugal
 
     t0 = time.perf_counter()
-    progress(f"loading the language model from {ckpt.lm}")
-    graphs = export_lm_graphs(ckpt.config, ckpt.lm, out, batch=batch)
+    progress(f"exporting the language model from {ckpt.lm}")
+    graphs = export_lm_graphs_frugal(ckpt.config, ckpt.lm, out, batch=batch, progress=progress)
     for name, entry in graphs.items():
         graphs[name] = entry.split_rings()
     progress(f"  helium_step.onnx, depformer_step.onnx: checked against torch "
@@ -66,11 +68,22 @@ def export_lm(ckpt: CheckpointFiles, out: Path, batch: int,
     return graphs
 
 
+def export_voices(ckpt: CheckpointFiles, out: Path, progress: Progress) -> str | None:
+    """voices.tgz -> voices.npz in `out` (see export/voices.py); its name, or None."""
+    if ckpt.voices is None:
+        return None
+    from .voices import VOICES_NPZ, convert_voice_bank
+
+    names = convert_voice_bank(ckpt.voices, out / VOICES_NPZ, ckpt.config)
+    progress(f"  {VOICES_NPZ}: {len(names)} voices ({', '.join(names)})")
+    return VOICES_NPZ
+
+
 def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "fp32",
                  backend: str = "onnx", batch: int = 1,
                  progress: Progress = print) -> Manifest:
-    """Writes the model directory for `ckpt`: the codec always, the language model (and its
-    tokenizer) when the checkpoint has one."""
+    """Writes the model directory for `ckpt`: the codec always; the language model, its
+    tokenizer and its voice bank when the checkpoint has them."""
     if precision not in PRECISIONS:
         raise PersonaPlexError(f"precision {precision} is not available yet; this version "
                                f"exports {', '.join(PRECISIONS)}")
@@ -84,9 +97,13 @@ def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "f
         graphs = export_codec(mimi, stage, batch, progress)
         del mimi
         contents = ["codec"]
-        tokenizer = None
+        tokenizer = voices = None
         files = {}
         if ckpt.lm is not None:
+            # the voice bank first: a damaged voices.tgz fails in seconds, not after the LM
+            voices = export_voices(ckpt, stage, progress)
+            if voices is not None:
+                files[voices] = sha256_file(stage / voices)
             graphs.update(export_lm(ckpt, stage, batch, progress))
             contents.append("lm")
             if ckpt.tokenizer is not None:
@@ -94,8 +111,8 @@ def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "f
                 shutil.copyfile(ckpt.tokenizer, stage / tokenizer)
                 files[tokenizer] = sha256_file(stage / tokenizer)
         manifest = Manifest(config=cfg, graphs=graphs, contents=contents, precision=precision,
-                            backend=backend, tokenizer=tokenizer, source=ckpt.source,
-                            files=files)
+                            backend=backend, tokenizer=tokenizer, voices=voices,
+                            source=ckpt.source, files=files)
         write_manifest(stage, manifest)
     progress(f"wrote {out_dir} ({', '.join(manifest.contents)})")
     return manifest

@@ -29,3 +29,7 @@ class StateError(PersonaPlexError):
 
 class AudioDeviceError(PersonaPlexError):
     """A sound device that does not exist, cannot be opened, or vanished mid-session."""
+
+
+class VoiceError(PersonaPlexError):
+    """A voice prompt that is not in the model's voice bank (or a bank that is missing)."""
