@@ -51,8 +51,8 @@ from onnx import TensorProto, helper, numpy_helper
 from personaplex_edge.errors import PersonaPlexError
 from personaplex_edge.manifest import GraphEntry, Manifest, sha256_file
 
-from .weight_quant import (block_for, matmulnbits_layout, pack_int4, quantize_blockwise,
-                           quantize_fp8, quantize_per_channel)
+from .weight_quant import (block_for, matmulnbits_layout, quantize_blockwise, quantize_fp8,
+                           quantize_per_channel)
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int4", "fp8")
 LM_GRAPHS = ("helium_step", "depformer_step")
@@ -117,19 +117,36 @@ def plan_for(precision: str, backend: str = "onnx", kv_dtype: str | None = None,
 # ---- graph editing -------------------------------------------------------------------------------
 
 class _Graph:
-    """A loaded graph (external data left on disk) with the few edits the passes need."""
+    """A loaded graph (its weights left on disk) with the few edits the passes need.
+
+    New weights are lazy: `put_lazy` records a placeholder (name, type, shape) and a function
+    that makes the array; nothing is computed until the graph is saved, one tensor at a time,
+    each written before the next is made. Converting the 7B LM therefore holds one weight in
+    memory, not the model."""
 
     def __init__(self, path: Path):
         self.path = path
         self.model = onnx.load(str(path), load_external_data=False)
         self.graph = self.model.graph
         self.inits = {t.name: t for t in self.graph.initializer}
+        self.lazy: dict[str, Callable[[], np.ndarray]] = {}
         self.external = any(t.data_location == TensorProto.EXTERNAL for t in self.inits.values())
         self._taken = {n for node in self.graph.node for n in (*node.input, *node.output)}
         self._taken |= set(self.inits) | {v.name for v in self.graph.input}
 
     def array(self, name: str) -> np.ndarray:
+        """The initializer's values (a lazy one is made now)."""
+        if name in self.lazy:
+            return self.lazy[name]()
         return numpy_helper.to_array(self.inits[name], base_dir=str(self.path.parent))
+
+    def loader(self, name: str) -> Callable[[], np.ndarray]:
+        """A function giving the initializer's values as they are now (for chaining)."""
+        if name in self.lazy:
+            return self.lazy[name]
+        tensor, base = self.inits[name], str(self.path.parent)
+        # bound to this proto: `name` may be replaced (by its converted self) before it runs
+        return lambda: numpy_helper.to_array(tensor, base_dir=base)
 
     def put(self, tensor: TensorProto) -> None:
         """Adds or replaces an initializer."""
@@ -137,13 +154,30 @@ class _Graph:
             self.graph.initializer.remove(self.inits[tensor.name])
         self.graph.initializer.append(tensor)
         self.inits[tensor.name] = tensor
+        self.lazy.pop(tensor.name, None)
         self._taken.add(tensor.name)
+
+    def put_lazy(self, name: str, data_type: int, dims, make: Callable[[], np.ndarray]) -> None:
+        """An initializer whose values `make()` gives when the graph is written; `make` must
+        return an array that numpy_helper.from_array stores as `data_type`."""
+        placeholder = TensorProto(name=name, data_type=data_type, dims=[int(d) for d in dims])
+        self.put(placeholder)
+        self.lazy[name] = make
+
+    def materialize(self, name: str) -> TensorProto:
+        tensor = numpy_helper.from_array(np.ascontiguousarray(self.lazy[name]()), name)
+        want = self.inits[name]
+        if tensor.data_type != want.data_type or list(tensor.dims) != list(want.dims):
+            raise AssertionError(f"{name}: made {tensor.data_type} {list(tensor.dims)}, "
+                                 f"declared {want.data_type} {list(want.dims)}")
+        return tensor
 
     def drop_unused(self) -> None:
         used = {n for node in self.graph.node for n in node.input}
         used |= {o.name for o in self.graph.output}
         for name in [n for n in self.inits if n not in used]:
             self.graph.initializer.remove(self.inits.pop(name))
+            self.lazy.pop(name, None)
 
     def fresh(self, base: str) -> str:
         name, i = base, 0
@@ -153,14 +187,22 @@ class _Graph:
         self._taken.add(name)
         return name
 
-    def elem_type(self, name: str) -> int | None:
-        """The element type of an initializer or graph input (None for computed tensors)."""
-        if name in self.inits:
-            return self.inits[name].data_type
-        for v in self.graph.input:
-            if v.name == name:
-                return v.type.tensor_type.elem_type
-        return None
+
+class _Shared:
+    """One computation feeding several lazy tensors (a quantised weight and its scales): made
+    on the first call, dropped after the last of `uses` calls."""
+
+    def __init__(self, make: Callable[[], object], uses: int):
+        self.make, self.uses, self.value = make, uses, None
+
+    def get(self):
+        if self.value is None:
+            self.value = self.make()
+        result = self.value
+        self.uses -= 1
+        if self.uses == 0:
+            self.value = None
+        return result
 
 
 def _matrix(t: TensorProto) -> bool:
@@ -168,12 +210,13 @@ def _matrix(t: TensorProto) -> bool:
     return t.data_type in _FLOAT_TYPES and sum(d > 1 for d in t.dims) >= 2
 
 
-def _to_dtype(array: np.ndarray, dtype: str, name: str) -> TensorProto:
+def _as(array: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 values stored as `dtype` (bfloat16 through ml_dtypes, which onnx understands)."""
     if dtype == "bfloat16":
         import ml_dtypes
 
-        return numpy_helper.from_array(array.astype(ml_dtypes.bfloat16), name)
-    return numpy_helper.from_array(array.astype(np.dtype(dtype)), name)
+        return array.astype(ml_dtypes.bfloat16)
+    return array.astype(np.dtype(dtype))
 
 
 def fold_weight_transposes(g: _Graph) -> int:
@@ -187,7 +230,9 @@ def fold_weight_transposes(g: _Graph) -> int:
         perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), [1, 0])
         if w in g.inits and len(g.inits[w].dims) == 2 and perm == [1, 0]:
             name = g.fresh(f"{w}.T")
-            g.put(numpy_helper.from_array(np.ascontiguousarray(g.array(w).T), name))
+            source = g.loader(w)
+            g.put_lazy(name, g.inits[w].data_type, list(g.inits[w].dims)[::-1],
+                       lambda source=source: np.ascontiguousarray(source().T))
             renames[node.output[0]] = name
             folded += 1
             continue
@@ -210,49 +255,58 @@ def _is_linear(g: _Graph, node: onnx.NodeProto) -> bool:
 
 
 def quantize_linears(g: _Graph, plan: PrecisionPlan) -> int:
-    """Replaces every float32 linear weight by its int8/int4 form (see the module docstring)."""
+    """Replaces every float32 linear weight by its int8/int4/fp8 form (module docstring); the
+    numbers are made when the graph is written."""
+    import ml_dtypes
+
+    low = _ONNX_TYPE[plan.compute]
     nodes, count = [], 0
     for node in list(g.graph.node):
         if not _is_linear(g, node):
             nodes.append(node)
             continue
         a, w = node.input
-        weight = g.array(w)  # [K, N]
-        k, n = weight.shape
+        k, n = (int(d) for d in g.inits[w].dims)  # [K, N]
         block = block_for(k, plan.block_size) if plan.block_size else 0
+        source = g.loader(w)
+        q_name, s_name = g.fresh(f"{w}.q{plan.bits}"), g.fresh(f"{w}.scales")
         if plan.weight_format == "matmulnbits":
-            bq = quantize_blockwise(weight, plan.bits, block)
-            packed, scales = matmulnbits_layout(bq)  # [N, n_blocks, blob], [N, n_blocks]
-            q_name, s_name = g.fresh(f"{w}.q{plan.bits}"), g.fresh(f"{w}.scales")
-            g.put(numpy_helper.from_array(packed, q_name))
-            g.put(numpy_helper.from_array(scales.reshape(-1), s_name))
+            n_blocks = -(-k // block)
+            shared = _Shared(lambda source=source, block=block: matmulnbits_layout(
+                quantize_blockwise(source(), plan.bits, block)), uses=2)
+            g.put_lazy(q_name, TensorProto.UINT8, [n, n_blocks, block * plan.bits // 8],
+                       lambda shared=shared: shared.get()[0])  # [N, n_blocks, blob]
+            g.put_lazy(s_name, TensorProto.FLOAT, [n * n_blocks],
+                       lambda shared=shared: shared.get()[1].reshape(-1))  # [N * n_blocks]
             nodes.append(helper.make_node(
                 "MatMulNBits", [a, q_name, s_name], list(node.output), name=node.name,
-                domain="com.microsoft", K=k, N=n,
-                bits=plan.bits, block_size=block, accuracy_level=plan.accuracy_level))
-        else:  # qdq
-            q_name, s_name = g.fresh(f"{w}.q{plan.bits}"), g.fresh(f"{w}.scales")
-            if plan.precision == "fp8":
-                q, scales = quantize_fp8(weight)
-                g.put(numpy_helper.from_array(q, q_name))
-                g.put(_to_dtype(scales, plan.compute, s_name))  # [N]
-                attrs = {"axis": 1}
-            elif plan.bits == 4:
-                bq = quantize_blockwise(weight, 4, block)
-                g.put(helper.make_tensor(q_name, TensorProto.INT4, [k, n],
-                                         pack_int4(bq.q[:k]), raw=True))
-                g.put(_to_dtype(bq.scales, plan.compute, s_name))  # [n_blocks, N]
-                attrs = {"axis": 0, "block_size": block}
-            else:
-                q, scales = quantize_per_channel(weight, 8)
-                g.put(numpy_helper.from_array(q, q_name))
-                g.put(_to_dtype(scales, plan.compute, s_name))  # [N]
-                attrs = {"axis": 1}
-            deq = g.fresh(f"{w}.dequantized")
-            nodes.append(helper.make_node("DequantizeLinear", [q_name, s_name], [deq],
-                                          name=g.fresh(f"{node.name}/dequantize"), **attrs))
-            nodes.append(helper.make_node("MatMul", [a, deq], list(node.output),
-                                          name=node.name))
+                domain="com.microsoft", K=k, N=n, bits=plan.bits, block_size=block,
+                accuracy_level=plan.accuracy_level))
+            count += 1
+            continue
+        # DequantizeLinear forms: the integer (or fp8) weight [K, N] and its low-type scales
+        if plan.precision == "fp8":
+            shared = _Shared(lambda source=source: quantize_fp8(source()), uses=2)
+            q_type, s_dims, attrs = TensorProto.FLOAT8E4M3FN, [n], {"axis": 1}
+            q_make = (lambda shared=shared: shared.get()[0])
+        elif plan.bits == 4:
+            shared = _Shared(lambda source=source, block=block, k=k: (
+                lambda bq: (bq.q[:k].astype(ml_dtypes.int4), bq.scales))(
+                    quantize_blockwise(source(), 4, block)), uses=2)
+            q_type, s_dims = TensorProto.INT4, [-(-k // block), n]
+            attrs = {"axis": 0, "block_size": block}
+            q_make = (lambda shared=shared: shared.get()[0])
+        else:
+            shared = _Shared(lambda source=source: quantize_per_channel(source(), 8), uses=2)
+            q_type, s_dims, attrs = TensorProto.INT8, [n], {"axis": 1}
+            q_make = (lambda shared=shared: shared.get()[0])
+        g.put_lazy(q_name, q_type, [k, n], q_make)
+        g.put_lazy(s_name, low, s_dims,
+                   lambda shared=shared: _as(shared.get()[1], plan.compute))
+        deq = g.fresh(f"{w}.dequantized")
+        nodes.append(helper.make_node("DequantizeLinear", [q_name, s_name], [deq],
+                                      name=g.fresh(f"{node.name}/dequantize"), **attrs))
+        nodes.append(helper.make_node("MatMul", [a, deq], list(node.output), name=node.name))
         count += 1
     del g.graph.node[:]
     g.graph.node.extend(nodes)
@@ -269,7 +323,9 @@ def lower_precision(g: _Graph, low: str, ring_inputs: Iterable[str],
     dtype_of: dict[str, int] = {}  # tensors held in a non-float32 float type, and which
     for name, t in list(g.inits.items()):
         if _matrix(t) and t.data_type == TensorProto.FLOAT and low_type != TensorProto.FLOAT:
-            g.put(_to_dtype(g.array(name), low, name))
+            source = g.loader(name)
+            g.put_lazy(name, low_type, list(t.dims),
+                       lambda source=source: _as(source(), low))
             dtype_of[name] = low_type
         elif t.data_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16):
             dtype_of[name] = t.data_type  # e.g. the scales of dequantised weights
@@ -343,39 +399,47 @@ def lower_precision(g: _Graph, low: str, ring_inputs: Iterable[str],
 
 # ---- writing -------------------------------------------------------------------------------------
 
-def _tensor_bytes(t: TensorProto, base: Path) -> bytes:
+def _tensor_bytes(g: _Graph, t: TensorProto) -> bytes:
+    """An initializer's raw bytes: made now if lazy, else read from the source graph."""
+    if t.name in g.lazy:
+        return g.materialize(t.name).raw_data
     if t.data_location == TensorProto.EXTERNAL:
         t = TensorProto.FromString(t.SerializeToString())
-        onnx.external_data_helper.load_external_data_for_tensor(t, str(base))
+        onnx.external_data_helper.load_external_data_for_tensor(t, str(g.path.parent))
     return t.raw_data if t.HasField("raw_data") else numpy_helper.from_array(
         numpy_helper.to_array(t), t.name).raw_data
 
 
 def save_graph(g: _Graph, path: Path, data_name: str) -> list[str]:
     """Writes the graph to `path`; weights inline when they fit in one protobuf, else in the
-    file `data_name` beside it. Returns the external data files written (names)."""
+    file `data_name` beside it, made and written one at a time. Returns the external data
+    files written (names)."""
     total = sum(int(np.prod(t.dims, dtype=np.int64)) * 4 for t in g.inits.values())
-    source_dir = g.path.parent
     if not g.external and total < _INLINE_LIMIT:
+        for t in g.graph.initializer:
+            if t.name in g.lazy:
+                t.CopyFrom(g.materialize(t.name))
         onnx.save_model(g.model, str(path))
         return []
     tmp = path.parent / f".{data_name}.partial"
     with open(tmp, "wb") as f:
         for t in g.graph.initializer:
-            raw = _tensor_bytes(t, source_dir)
+            raw = _tensor_bytes(g, t)
             if len(raw) < 1024 and t.data_location != TensorProto.EXTERNAL:
-                continue  # small constants stay inline
+                t.raw_data = raw  # small constants stay inline
+                continue
             f.seek(-f.tell() % _EXTERNAL_ALIGN, os.SEEK_CUR)
             offset = f.tell()
             f.write(raw)
-            t.ClearField("raw_data")
-            for field in ("float_data", "int32_data", "int64_data", "double_data",
+            length = len(raw)
+            del raw
+            for field in ("raw_data", "float_data", "int32_data", "int64_data", "double_data",
                           "uint64_data"):
                 t.ClearField(field)
             del t.external_data[:]
             t.data_location = TensorProto.EXTERNAL
             for key, value in (("location", data_name), ("offset", str(offset)),
-                               ("length", str(len(raw)))):
+                               ("length", str(length))):
                 t.external_data.add(key=key, value=value)
     onnx.save_model(g.model, str(path))
     os.replace(tmp, path.parent / data_name)
