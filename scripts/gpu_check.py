@@ -410,7 +410,7 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=480)
     ap.add_argument("--work", default="/tmp/personaplex_gpu_check")
     ap.add_argument("--frames", type=int, default=100)
-    ap.add_argument("--configs", default="tiny,mid,codec",
+    ap.add_argument("--configs", default="tiny,codec,mid",
                     help="tiny and mid: the LM (random weights) in each precision; codec: the "
                     "real-size Mimi")
     ap.add_argument("--cpu-only", action="store_true")
@@ -449,8 +449,8 @@ def main() -> None:
     # per config: (precision, backend, graphs to build engines for), most important first
     plans = {"tiny": [("fp32", "tensorrt", everything), ("fp16", "tensorrt", everything),
                       ("int4", "onnx", None), ("int4", "tensorrt", lm)],
-             "mid": [("fp16", "tensorrt", lm), ("fp32", "tensorrt", lm), ("int4", "tensorrt", lm),
-                     ("int4", "onnx", None), ("bf16", "tensorrt", lm), ("int8", "tensorrt", lm),
+             "mid": [("fp16", "tensorrt", lm), ("int4", "tensorrt", lm), ("int4", "onnx", None),
+                     ("fp32", "tensorrt", lm), ("bf16", "tensorrt", lm), ("int8", "tensorrt", lm),
                      ("fp8", "tensorrt", lm)]}
     for name in [c for c in args.configs.split(",") if c]:
         root = work / name
