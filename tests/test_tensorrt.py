@@ -459,3 +459,19 @@ def test_gpu_tests_skip_with_a_reason():
         pytest.skip("a GPU is present: the GPU tests ran")
     assert "TensorRT" in reason or "CUDA" in reason
     assert Path(__file__).name == "test_tensorrt.py"
+
+
+def test_gpu_runtime_and_precision_modules_do_not_import_torch():
+    """The GPU backends ship with the runtime (no torch); converting precisions and counting
+    bytes need only onnx and numpy, so they run where torch is not installed either."""
+    import subprocess
+    import sys
+
+    modules = ["personaplex_edge.runtime." + m for m in (
+        "trt_backend", "cuda_graphs", "ort_cuda", "device_rings", "cuda_runtime", "trt_engine",
+        "lm_probe")]
+    modules += ["personaplex_edge.export." + m for m in ("precision", "weight_quant",
+                                                         "frame_bytes", "tensorrt_build")]
+    code = ("import sys\n" + "".join(f"import {m}\n" for m in modules)
+            + "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
