@@ -3,7 +3,8 @@ token agreement with float32, on a random mid-size model; plus the bandwidth flo
 7B at each precision on a few devices.
 
     python benchmarks/bench_precision.py [--frames 200] [--threads 2] [--config mid|tiny]
-                                         [--precisions fp32,fp16,bf16,int8,int4] [--json out.json]
+                                         [--precisions fp32,fp16,bf16,int8,int4] [--rounds 3]
+                                         [--timing-frames 30] [--json out.json]
 
 The model: random weights in the published layout (export/synthetic.py) for Helium d 1024,
 8 layers, the real context (3000) and the real depformer (1024, 6 layers, 8 active steps); the
@@ -85,22 +86,47 @@ def lm_disk_bytes(model_dir: Path, manifest) -> int:
                for f in (manifest.graphs[name].file, *manifest.graphs[name].data_files))
 
 
-def measure(model_dir: Path, user: np.ndarray, reference, threads: int, warmup: int) -> dict:
+def agreement_runs(model_dir: Path, user: np.ndarray, reference, threads: int,
+                   warmup: int) -> dict:
+    """Greedy runs over all frames: the reference's own tokens, or a precision's agreement
+    with them (forced and free)."""
     from personaplex_edge.runtime.lm_probe import GreedyLM, agreement, hidden_error
 
     lm = GreedyLM(model_dir, threads=threads)
     free = lm.run(user)
-    row = {"temporal_ms": float(np.mean(free.temporal_ms[warmup:])),
-           "depformer_ms": float(np.mean(free.depformer_ms[warmup:]))}
-    row["total_ms"] = row["temporal_ms"] + row["depformer_ms"]
     if reference is None:
-        row["tokens"], row["hidden"] = free.tokens, free.hidden
-        return row
+        return {"tokens": free.tokens, "hidden": free.hidden}
     forced = lm.run(user, reference["tokens"])
-    row["forced"] = agreement(forced.tokens, reference["tokens"])
-    row["hidden_error"] = hidden_error(forced.hidden[warmup:], reference["hidden"][warmup:])
-    row["first_difference"] = agreement(free.tokens, reference["tokens"])["first_difference"]
-    return row
+    return {"forced": agreement(forced.tokens, reference["tokens"]),
+            "hidden_error": hidden_error(forced.hidden[warmup:], reference["hidden"][warmup:]),
+            "first_difference": agreement(free.tokens, reference["tokens"])["first_difference"]}
+
+
+def timing_rounds(dirs: dict[str, Path], user: np.ndarray, threads: int, rounds: int,
+                  warmup: int) -> dict[str, dict[str, float]]:
+    """ms/frame per stage: `rounds` rounds, each running every precision in turn for the
+    same frames, and the median over rounds of each round's median. Interleaving spreads
+    whatever else the machine does over all precisions alike; medians drop the spikes."""
+    import gc
+
+    from personaplex_edge.runtime.lm_probe import GreedyLM
+
+    per: dict[str, list[tuple[float, float]]] = {p: [] for p in dirs}
+    for r in range(rounds):
+        for p, model_dir in dirs.items():
+            run = GreedyLM(model_dir, threads=threads).run(user)
+            per[p].append((float(np.median(run.temporal_ms[warmup:])),
+                           float(np.median(run.depformer_ms[warmup:]))))
+            del run
+            gc.collect()
+        log(f"timing round {r + 1}/{rounds} done")
+    out = {}
+    for p, values in per.items():
+        a = np.array(values)  # [rounds, 2]
+        temporal, depformer = float(np.median(a[:, 0])), float(np.median(a[:, 1]))
+        out[p] = {"temporal_ms": temporal, "depformer_ms": depformer,
+                  "total_ms": temporal + depformer}
+    return out
 
 
 def seven_b_table() -> list[str]:
@@ -134,6 +160,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--frames", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
+    ap.add_argument("--timing-frames", type=int, default=30, help="frames per timing round")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--config", choices=("mid", "tiny"), default="mid")
     ap.add_argument("--precisions", default="fp32,fp16,bf16,int8,int4")
@@ -157,7 +185,7 @@ def main() -> None:
     n = args.frames + args.warmup
     user = np.random.default_rng(0).integers(0, cfg.audio_vocab_size, (n, 8)).astype(np.int64)
     log(f"fp32: {n} greedy frames")
-    base = measure(fp32, user, None, args.threads, args.warmup)
+    base = agreement_runs(fp32, user, None, args.threads, args.warmup)
     results = {}
     for p in precisions:
         manifest = load_model_dir(dirs[p])
@@ -166,18 +194,22 @@ def main() -> None:
                "frame_bytes": counted["helium_step"] + counted["depformer_step"] + counted["kv"],
                "estimated_frame_bytes": estimate_bytes_per_frame(
                    cfg, layout_for(plan_for(p)))["total"]}
-        if p == "fp32":
-            row.update({k: v for k, v in base.items() if k not in ("tokens", "hidden")})
-        elif p in CPU_NOTE:
+        if p in CPU_NOTE:
             row["note"] = CPU_NOTE[p]
-        else:
+        elif p != "fp32":
             log(f"{p}: {n} greedy frames, free and forced")
-            row.update(measure(dirs[p], user, base, args.threads, args.warmup))
+            row.update(agreement_runs(dirs[p], user, base, args.threads, args.warmup))
         results[p] = row
+    runnable = {p: d for p, d in dirs.items() if p not in CPU_NOTE}
+    timing_user = user[:args.timing_frames + args.warmup]
+    for p, t in timing_rounds(runnable, timing_user, args.threads, args.rounds,
+                              args.warmup).items():
+        results[p].update(t)
 
     h = cfg.helium
-    print(f"\nLM precisions on onnxruntime CPU, {args.threads} threads, {args.frames} frames "
-          f"after {args.warmup} warm-up; random weights, Helium d {h.hidden_size} x "
+    print(f"\nLM precisions on onnxruntime CPU, {args.threads} threads; agreement over "
+          f"{args.frames} greedy frames, ms/frame the median of {args.rounds} interleaved rounds "
+          f"of {args.timing_frames} frames; random weights, Helium d {h.hidden_size} x "
           f"{h.num_hidden_layers} layers, context {h.max_position_embeddings}; depformer d "
           f"{cfg.depformer.hidden_size} x {cfg.depformer.num_hidden_layers} layers, "
           f"{cfg.depformer.num_active_codebooks} steps\n")
