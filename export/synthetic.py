@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 
 from personaplex_edge.config import PersonaPlexConfig
 
-from .hub import CONFIG_FILE, LM_FILE, MIMI_FILE, TOKENIZER_FILE
+from .hub import CONFIG_FILE, LM_FILE, MIMI_FILE, TOKENIZER_FILE, VOICES_FILE
 from .mimi import Mimi, _checkpoint_name
 
 # A little English for the demo tokenizer (the demo LM is random: the text it "says" is noise).
@@ -88,15 +88,54 @@ def train_tokenizer(path: str | Path, vocab_size: int = 200) -> Path:
     return Path(path)
 
 
+def write_voices_tgz(path: str | Path, voices: dict[str, dict[str, torch.Tensor]]) -> Path:
+    """A voice bank in the reference's format: `voices/NAME.pt` members of a tar.gz, each
+    {"embeddings": [N, 1, 1, D], "cache": [1, 17, S]} saved with torch.save."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as tar:
+        for name, state in voices.items():
+            buf = io.BytesIO()
+            torch.save(state, buf)
+            info = tarfile.TarInfo(f"voices/{name}.pt")
+            info.size = buf.tell()
+            buf.seek(0)
+            tar.addfile(info, buf)
+    return Path(path)
+
+
+@torch.no_grad()
+def random_voices(cfg: PersonaPlexConfig, lm: dict[str, torch.Tensor], seed: int = 0,
+                  names: tuple[str, ...] = ("NATF2", "NATM1")) -> dict[str, dict[str, torch.Tensor]]:
+    """Voice prompts as the reference records them: the summed input embedding of each frame of
+    random tokens, from the model's own tables, and a token ring after them."""
+    gen = torch.Generator().manual_seed(seed + 3)
+    out = {}
+    for name in names:
+        frames = 8
+        text = torch.randint(0, cfg.text_vocab_size, (frames,), generator=gen)
+        emb = lm["text_emb.weight"].float()[text]  # [N, D]
+        for k in range(cfg.num_audio_codebooks):
+            codes = torch.randint(0, cfg.audio_vocab_size, (frames,), generator=gen)
+            emb = emb + lm[f"emb.{k}.weight"].float()[codes]
+        cache = torch.randint(0, cfg.audio_vocab_size, (1, 17, 4), generator=gen)
+        cache[0, 0] = 3  # the text stream holds PAD during a voice prompt
+        out[name] = {"embeddings": emb[:, None, None, :].to(torch.bfloat16), "cache": cache}
+    return out
+
+
 def write_synthetic_checkpoint(cfg: PersonaPlexConfig, root: str | Path, seed: int = 0,
                                with_lm: bool = True) -> Path:
     """A checkpoint directory for `cfg` with random weights in the published layout: Mimi,
-    (the LM and a tokenizer,) and config.json."""
+    (the LM, a tokenizer and a voice bank,) and config.json."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     save_file(random_mimi_tensors(cfg, seed), str(root / MIMI_FILE))
     if with_lm:
-        save_file(random_lm_tensors(cfg, seed), str(root / LM_FILE))
+        lm = random_lm_tensors(cfg, seed)
+        save_file(lm, str(root / LM_FILE))
+        write_voices_tgz(root / VOICES_FILE, random_voices(cfg, lm, seed))
         train_tokenizer(root / TOKENIZER_FILE, vocab_size=min(cfg.text_vocab_size, 200))
     (root / CONFIG_FILE).write_text(json.dumps(
         {"model_type": "personaplex", "version": "synthetic", **cfg.to_dict()}, indent=2))

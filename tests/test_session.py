@@ -140,21 +140,44 @@ def test_run_offline_same_seed_same_output(demo_model_dir, tmp_path):
     assert not np.array_equal(outs[0][0], outs[2][0])
 
 
-@pytest.mark.parametrize("case", ["long-prompt", "codec-only", "bad-input", "no-voice-bank"])
+@pytest.mark.parametrize("case", ["long-prompt", "codec-only", "bad-input", "no-voice-bank",
+                                  "unknown-voice"])
 def test_run_errors_are_one_message_and_leave_no_output(case, tiny_full_model, tiny_codec_dir,
                                                          demo_model_dir, tmp_path, capsys):
     src, _ = _write_input(tmp_path)
-    model = {"long-prompt": tiny_full_model, "codec-only": tiny_codec_dir}.get(
-        case, demo_model_dir)
+    model = {"long-prompt": tiny_full_model, "codec-only": tiny_codec_dir,
+             "no-voice-bank": tiny_full_model}.get(case, demo_model_dir)
     args = ["run", "--model", str(model), "--input", str(src), "--output",
             str(tmp_path / "out.wav"), "--text-out", str(tmp_path / "out.json"), "--device", "cpu"]
     if case == "bad-input":
         (tmp_path / "in.wav").write_bytes(b"not audio at all")
     if case == "no-voice-bank":
-        args += ["--voice-prompt", "NATF2"]
+        args += ["--voice-prompt", "NATF2", "--text-prompt", "hi"]
+    if case == "unknown-voice":
+        args += ["--voice-prompt", "VARF9"]
     rc = main(args)
     err = capsys.readouterr().err
     assert rc == 2 and err.count("error:") == 1 and "Traceback" not in err
     assert {"long-prompt": "context", "codec-only": "holds only the codec",
-            "bad-input": "cannot read", "no-voice-bank": "no voice bank"}[case] in err
+            "bad-input": "cannot read", "no-voice-bank": "no voice bank",
+            "unknown-voice": "available: NATF2, NATM1"}[case] in err
     assert not (tmp_path / "out.wav").exists() and not (tmp_path / "out.json").exists()
+
+
+def test_voice_from_the_bank_and_from_a_recording(demo_model_dir, tmp_path):
+    """A bank voice replays its stored embeddings; a recording is loudness-normalised and
+    Mimi-encoded into forced agent frames. Each changes the conversation."""
+    from personaplex_edge.runtime.persona import Persona, start_session
+
+    pcm = _speech(12, seed=4)
+    src = tmp_path / "voice.wav"
+    sf.write(src, 0.05 * _speech(30, seed=5), 24000)  # quiet: normalisation must lift it
+    outputs = {}
+    for voice in ("NATF2", "NATM1", str(src)):
+        session = start_session(demo_model_dir, Persona(text_prompt="hi", voice=voice),
+                                SamplingParams(greedy=True), device="cpu", progress=lambda s: None)
+        outputs[voice] = (np.concatenate([session.step(pcm[i * 1920:(i + 1) * 1920])[0].copy()
+                                          for i in range(12)]), session.position)
+    assert outputs[str(src)][1] > outputs["NATF2"][1]  # 30 recorded frames vs 8 stored ones
+    assert not np.array_equal(outputs["NATF2"][0], outputs["NATM1"][0])
+    assert not np.array_equal(outputs["NATF2"][0], outputs[str(src)][0])
