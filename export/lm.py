@@ -20,7 +20,9 @@ The caller owns the ring and writes present.{i}.* into slot position % T after e
 
 from __future__ import annotations
 
+import math
 import re
+import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
@@ -37,7 +39,7 @@ from .checkpoint import TensorFile, check_tensors
 from .depformer import Depformer, check_depformer_config
 from .frugal import SafetensorsHeader, Segment, WeightPlan, attach_external_weights
 from .helium import Helium
-from .onnx_export import export_step, verify_step
+from .onnx_export import ExportMismatch, export_step, verify_step
 from .sampling import DEFAULT_K_MAX
 
 Shapes = dict[str, tuple[int, ...]]
@@ -350,58 +352,173 @@ class _Bytes:
             self.progress(f"    {self.what}: {self.done / 1e9:.1f} / {self.total / 1e9:.1f} GB")
 
 
+def _streamed_parts(cfg: PersonaPlexConfig) -> tuple[list[str], list[str]]:
+    """Submodules the check loads only while they run: each Helium layer and the text head;
+    each depformer step's own projections and MLP (every one runs once per frame). Embedding
+    tables and norms stay loaded for the call."""
+    steps = range(cfg.depformer.num_active_codebooks)
+    helium = [f"layers.{i}" for i in range(cfg.helium.num_hidden_layers)] + ["text_linear"]
+    depformer = [f"{kind}.{k}" for kind in ("depformer_in", "linears") for k in steps] + [
+        f"layers.{j}.{kind}.{k}" for j in range(cfg.depformer.num_hidden_layers)
+        for kind in ("in_projs", "out_projs", "gating") for k in steps]
+    return helium, depformer
+
+
+def _jobs(cfg: PersonaPlexConfig, batch: int, k_max: int):
+    """(name, module, step, input specs, output names, plans, streamed) per LM graph."""
+    helium, depformer = placeholder_lm(cfg)
+    h_streamed, d_streamed = _streamed_parts(cfg)
+    return [("helium_step", helium, helium.step, helium_inputs(cfg, batch, k_max),
+             helium_outputs(cfg), helium_plan(cfg), h_streamed),
+            ("depformer_step", depformer, depformer.step, depformer_inputs(cfg, batch, k_max),
+             ["audio_tokens"], depformer_plan(cfg), d_streamed)]
+
+
+def _check_bytes(plans: dict[str, WeightPlan], specs: list[TensorSpec],
+                 streamed: list[str]) -> int:
+    """Memory the full check of one graph needs: onnxruntime's copy of the weights, the example
+    inputs (the KV ring), the resident weights and the largest streamed group on the torch
+    side, and ~1 GB for the interpreter, placeholders and transients."""
+    groups = [sum(p.nbytes for n, p in plans.items() if n.startswith(sub + "."))
+              for sub in streamed]
+    resident = sum(p.nbytes for n, p in plans.items()
+                   if not any(n.startswith(sub + ".") for sub in streamed))
+    inputs = sum(8 * math.prod(s.shape) if s.dtype == "int64" else 4 * math.prod(s.shape)
+                 for s in specs)
+    return sum(p.nbytes for p in plans.values()) + inputs + resident + max(groups, default=0) \
+        + (1 << 30)
+
+
+def available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), None elsewhere."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _probe_config(cfg: PersonaPlexConfig) -> PersonaPlexConfig:
+    """The same model with one layer in each transformer: every kind of weight at full width."""
+    d = cfg.to_dict()
+    d["helium"]["num_hidden_layers"] = 1
+    d["depformer"]["num_hidden_layers"] = 1
+    return PersonaPlexConfig.from_dict(d)
+
+
+def _export_graph(job, header: SafetensorsHeader, out_dir: Path, cfg: PersonaPlexConfig,
+                  check: bool, progress: Callable[[str], None]) -> GraphEntry:
+    """Traces one graph on placeholders, writes its weights, and (with `check`) runs it once in
+    onnxruntime beside the torch module with the real weights streamed in."""
+    name, owner, fn, specs, outputs, plans, streamed = job
+    examples = example_inputs(specs, cfg)
+    path = out_dir / f"{name}.onnx"
+    total = sum(p.nbytes for p in plans.values())
+    progress(f"  {name}.onnx: writing {total / 1e9:.2f} GB of float32 weights")
+    sink = _Bytes(f"{name}.onnx.data", total, progress)
+
+    def weights(p):
+        return attach_external_weights(p, {f"owner.{k}": v for k, v in plans.items()}, header,
+                                       sink)
+
+    def traced(*args):
+        return fn(*args[:-1]), {}  # no StateSpec state
+
+    entry = export_step(owner, traced, [(s, torch.from_numpy(examples[s.name])) for s in specs],
+                        outputs, [], path, weights=weights)
+    if check:
+        def checked(*args):
+            with streamed_weights(owner, plans, header, streamed):
+                return fn(*args[:-1]), {}
+
+        verify_step(path, checked, examples, outputs, low_memory=True)
+    return entry
+
+
+def spot_check_weights(path: str | Path, plans: dict[str, WeightPlan],
+                       header: SafetensorsHeader, prefix: str = "owner.") -> int:
+    """Reads back the first, a middle and the last row of every checkpoint segment of every
+    initializer from the graph's external data and compares them with the checkpoint (converted
+    by torch). Catches a wrong offset, order, slice or conversion in any tensor without reading
+    the weights again. Returns the rows compared."""
+    import onnx
+
+    path = Path(path)
+    model = onnx.load(str(path), load_external_data=False)
+    rows = 0
+    for init in model.graph.initializer:
+        plan = plans[init.name.removeprefix(prefix)]
+        ext = {e.key: e.value for e in init.external_data}
+        base = int(ext.get("offset", 0))
+        with open(path.parent / ext["location"], "rb") as f:
+            for s in plan.segments:
+                t = header.info(s.key)
+                stop = t.shape[0] if s.stop is None else s.stop
+                for r in sorted({s.start, (s.start + stop) // 2, stop - 1}):
+                    want = read_parameter(WeightPlan((Segment(s.key, r, r + 1),),
+                                                     (t.row_elements,)), header).numpy()
+                    f.seek(base + 4 * (r - s.start) * t.row_elements)
+                    got = np.frombuffer(f.read(4 * t.row_elements), "<f4")
+                    if not np.array_equal(got, want):
+                        raise ExportMismatch(f"{path.name}: {init.name} row {r} of '{s.key}' "
+                                             "differs from the checkpoint")
+                    rows += 1
+                base += 4 * (stop - s.start) * t.row_elements
+    return rows
+
+
 def export_lm_graphs_frugal(cfg: PersonaPlexConfig, checkpoint_path: str | Path,
                             out_dir: str | Path, batch: int = 1, k_max: int = DEFAULT_K_MAX,
-                            verify: bool = True,
+                            verify: bool | str = "auto",
                             progress: Callable[[str], None] = lambda s: None,
                             ) -> dict[str, GraphEntry]:
     """export_lm_graphs' graphs, written without holding the model in memory: weights go from
-    the checkpoint to `<graph>.onnx.data` tensor by tensor (float32). With `verify`, each graph
-    runs once in onnxruntime beside the torch modules on the real weights, Helium's layers
-    and the depformer's steps loaded one at a time. Peak memory is about one float32 copy of
-    the larger graph (the onnxruntime session of the check) plus a layer and the embedding
-    tables."""
+    the checkpoint to `<graph>.onnx.data` tensor by tensor (float32).
+
+    The check (`verify`) of each graph, before anything is returned:
+      "full" (or True)  the graph runs once in onnxruntime beside the torch modules on the real
+                        weights, Helium's layers and the depformer's steps loaded one at a time
+                        (peak memory: about one float32 copy of the graph, plus a layer, the
+                        embedding tables and the example KV ring)
+      "reduced"         for a graph too large to run in this machine's memory: a one-layer
+                        probe of the same graph (every kind of weight, at full width) is
+                        exported the same way and fully checked, and every weight of the real
+                        graph is spot-checked in its data file (spot_check_weights)
+      "auto"            "full" where it fits in the available memory, else "reduced"
+      "off" (or False)  nothing
+    """
+    mode = {True: "full", False: "off"}.get(verify, verify)
+    if mode not in ("full", "reduced", "auto", "off"):
+        raise ValueError(f"verify={verify!r}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     open_lm_checkpoint(checkpoint_path, cfg)  # every tensor's name and shape, header only
     header = SafetensorsHeader(checkpoint_path, rename=_canonical_key)
     header.check_complete()
-    helium, depformer = placeholder_lm(cfg)
-    steps = range(cfg.depformer.num_active_codebooks)
-    # Loaded only while they run: each Helium layer and the text head; each depformer step's
-    # own projections and MLP (every one runs once per frame). Embedding tables and norms stay.
-    dep_streamed = [f"{kind}.{k}" for kind in ("depformer_in", "linears") for k in steps] + [
-        f"layers.{j}.{kind}.{k}" for j in range(cfg.depformer.num_hidden_layers)
-        for kind in ("in_projs", "out_projs", "gating") for k in steps]
-    jobs = [("helium_step", helium, helium.step, helium_inputs(cfg, batch, k_max),
-             helium_outputs(cfg), helium_plan(cfg),
-             [f"layers.{i}" for i in range(cfg.helium.num_hidden_layers)] + ["text_linear"]),
-            ("depformer_step", depformer, depformer.step, depformer_inputs(cfg, batch, k_max),
-             ["audio_tokens"], depformer_plan(cfg), dep_streamed)]
     entries = {}
-    for name, owner, fn, specs, outputs, plans, streamed in jobs:
-        examples = example_inputs(specs, cfg)
-        path = out_dir / f"{name}.onnx"
-        total = sum(p.nbytes for p in plans.values())
-        progress(f"  {name}.onnx: writing {total / 1e9:.2f} GB of float32 weights")
-        sink = _Bytes(f"{name}.onnx.data", total, progress)
-
-        def weights(p, plans=plans, sink=sink):
-            return attach_external_weights(p, {f"owner.{k}": v for k, v in plans.items()},
-                                           header, sink)
-
-        def traced(*args, _fn=fn):
-            return _fn(*args[:-1]), {}  # no StateSpec state
-
-        entries[name] = export_step(
-            owner, traced, [(s, torch.from_numpy(examples[s.name])) for s in specs], outputs,
-            [], path, weights=weights)
-        if verify:
-            def checked(*args, _fn=fn, owner=owner, plans=plans, streamed=streamed):
-                with streamed_weights(owner, plans, header, streamed):
-                    return _fn(*args[:-1]), {}
-
-            verify_step(path, checked, examples, outputs, low_memory=True)
+    for job in _jobs(cfg, batch, k_max):
+        name, _, _, specs, _, plans, streamed = job
+        check = mode
+        if mode == "auto":
+            need, have = _check_bytes(plans, specs, streamed), available_memory()
+            check = "full" if have is None or need <= have else "reduced"
+            if check == "reduced":
+                progress(f"  {name}: a full check needs ~{need / 1e9:.1f} GB, "
+                         f"{have / 1e9:.1f} GB is available: checking a one-layer probe "
+                         "and spot-checking every weight instead")
+        entries[name] = _export_graph(job, header, out_dir, cfg, check == "full", progress)
+        if check == "full":
             progress(f"  {name}.onnx: checked in onnxruntime against torch")
-        del examples
+        elif check == "reduced":
+            probe_cfg = _probe_config(cfg)
+            probe = next(j for j in _jobs(probe_cfg, batch, k_max) if j[0] == name)
+            probe_dir = out_dir / f".probe_{name}"
+            probe_dir.mkdir()
+            _export_graph(probe, header, probe_dir, probe_cfg, True, lambda s: None)
+            shutil.rmtree(probe_dir)
+            rows = spot_check_weights(out_dir / entries[name].file, plans, header)
+            progress(f"  {name}.onnx: one-layer probe checked in onnxruntime against torch, "
+                     f"{rows} weight rows spot-checked")
     return entries

@@ -79,6 +79,30 @@ def export_voices(ckpt: CheckpointFiles, out: Path, progress: Progress) -> str |
     return VOICES_NPZ
 
 
+def output_bytes(ckpt: CheckpointFiles) -> int:
+    """About what the model directory will take on disk (float32 graphs)."""
+    need = ckpt.mimi.stat().st_size  # Mimi is float32 already
+    if ckpt.lm is not None:
+        from .lm import depformer_plan, helium_plan
+
+        plans = {**helium_plan(ckpt.config), **depformer_plan(ckpt.config)}
+        need += sum(p.nbytes for p in plans.values())
+        need += sum(f.stat().st_size for f in (ckpt.tokenizer, ckpt.voices) if f is not None)
+    return need
+
+
+def check_output_space(ckpt: CheckpointFiles, out_dir: str | Path) -> None:
+    """Refuses to start an export whose output cannot fit on the disk it goes to."""
+    probe = Path(out_dir).expanduser().absolute().parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    need, free = int(output_bytes(ckpt) * 1.02), shutil.disk_usage(probe).free
+    if need > free:
+        raise PersonaPlexError(f"the export needs ~{need / 1e9:.1f} GB in {probe}, which has "
+                               f"{free / 1e9:.1f} GB free: free some space or choose another "
+                               "--out")
+
+
 def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "fp32",
                  backend: str = "onnx", batch: int = 1,
                  progress: Progress = print) -> Manifest:
@@ -91,6 +115,7 @@ def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "f
         raise PersonaPlexError(f"backend {backend} is not available yet; this version exports "
                                f"{', '.join(BACKENDS)}")
     cfg = ckpt.config
+    check_output_space(ckpt, out_dir)
     progress(f"loading Mimi from {ckpt.mimi}")
     mimi = load_mimi(ckpt.mimi, cfg.mimi)
     with staged_dir(out_dir) as stage:

@@ -377,3 +377,50 @@ def test_frugal_export_memory_bound(tmp_path):
     r = json.loads(run.stdout.strip().splitlines()[-1])
     assert r["written"] > 0.55e9  # the weights really were written (~0.62 GB of float32)
     assert r["peak"] <= 1.3 * r["written"] + 1e9, r
+
+
+def test_reduced_check_for_graphs_too_large_to_run(tmp_path, monkeypatch):
+    """With too little memory for a full check, a one-layer probe is checked and every weight
+    spot-checked; a damaged weight in the data file is caught by the spot check."""
+    from personaplex_edge.export import lm
+    from personaplex_edge.export.frugal import SafetensorsHeader
+    from personaplex_edge.export.onnx_export import ExportMismatch
+
+    bundle = lm_bundle()
+    monkeypatch.setattr(lm, "available_memory", lambda: 1 << 20)  # 1 MB available
+    lines = []
+    entries = lm.export_lm_graphs_frugal(bundle.cfg, bundle.checkpoint, tmp_path,
+                                         progress=lines.append)
+    assert sum("one-layer probe checked" in line for line in lines) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        f"{n}.onnx{x}" for n in entries for x in ("", ".data"))  # the probes are gone
+    header = SafetensorsHeader(bundle.checkpoint, rename=lm._canonical_key)
+    plans = lm.depformer_plan(bundle.cfg)
+    # three rows (first, middle, last) of every segment; norms have a single row
+    assert lm.spot_check_weights(tmp_path / "depformer_step.onnx", plans, header) > 2 * len(plans)
+    import onnx
+
+    model = onnx.load(str(tmp_path / "depformer_step.onnx"), load_external_data=False)
+    init = next(t for t in model.graph.initializer if t.name.endswith("in_projs.7.weight"))
+    offset = int(next(e.value for e in init.external_data if e.key == "offset"))
+    with open(tmp_path / "depformer_step.onnx.data", "r+b") as f:
+        f.seek(offset)
+        f.write(np.float32(1e3).tobytes())  # the first element of step 7's slice
+    row = 7 * 3 * bundle.cfg.depformer.hidden_size  # the slice's first row in the packed tensor
+    with pytest.raises(ExportMismatch, match=rf"in_projs\.7\.weight row {row} of "
+                                             r"'depformer\.layers\.0\.self_attn\.in_proj"):
+        lm.spot_check_weights(tmp_path / "depformer_step.onnx", plans, header)
+
+
+def test_export_that_cannot_fit_on_disk(published, tmp_path, monkeypatch):
+    from personaplex_edge.errors import PersonaPlexError
+    from personaplex_edge.export import model_export
+
+    ckpt = resolve_checkpoint(str(published[0]))
+    need = model_export.output_bytes(ckpt)
+    assert need > (published[0] / LM_FILE).stat().st_size  # bf16 -> float32 (less 8 steps)
+    monkeypatch.setattr(model_export.shutil, "disk_usage",
+                        lambda p: SimpleNamespace(total=need, used=need - 1000, free=1000))
+    with pytest.raises(PersonaPlexError, match="the export needs .* GB free"):
+        model_export.export_model(ckpt, tmp_path / "out", progress=lambda s: None)
+    assert not (tmp_path / "out").exists()
