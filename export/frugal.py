@@ -42,7 +42,7 @@ CHUNK_BYTES = 16 << 20  # float32 bytes converted per block: bounds the transien
 ALIGN_LARGE, ALIGN_SMALL, LARGE = 1 << 16, 64, 1 << 20
 
 
-# ---- reading --------------------------------------------------------------------------------------
+# ---- reading -------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class TensorInfo:
@@ -164,7 +164,7 @@ def to_float32(bits: np.ndarray, dtype: str) -> np.ndarray:
     return bits.astype(np.float32)
 
 
-# ---- what each parameter is made of ----------------------------------------------------------------
+# ---- what each parameter is made of --------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Segment:
@@ -213,7 +213,7 @@ class WeightPlan:
         return np.concatenate([b.reshape(-1) for b in self.blocks(header)]).reshape(self.shape)
 
 
-# ---- writing -----------------------------------------------------------------------------------------
+# ---- writing -------------------------------------------------------------------------------------
 
 class ExternalDataFile:
     """One `.onnx.data` file, written sequentially; hashed on the way so a 30 GB file is not

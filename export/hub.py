@@ -190,6 +190,10 @@ def _download(repo: str, with_lm: bool, progress: Callable[[str], None]) -> Chec
         except RepositoryNotFoundError:
             raise _not_found(repo) from None
         except LocalEntryNotFoundError:  # (a subclass of EntryNotFoundError: first)
+            if not required:
+                progress(f"{name}: not in the local cache and the hub cannot be reached; "
+                         "going on without it")
+                return None
             raise CheckpointError(f"cannot download {name} from {repo}: no connection (or "
                                   "HF_HUB_OFFLINE=1) and it is not in the local cache") from None
         except EntryNotFoundError:

@@ -24,6 +24,7 @@ from .onnx_export import export_step, verify_step
 Progress = Callable[[str], None]
 PRECISIONS = ("fp32",)
 BACKENDS = ("onnx",)
+VERIFY = ("auto", "full", "reduced", "off")  # the LM graphs' check, see export_lm_graphs_frugal
 
 
 def export_codec(mimi: Mimi, out: Path, batch: int, progress: Progress) -> dict[str, GraphEntry]:
@@ -52,15 +53,16 @@ def export_codec(mimi: Mimi, out: Path, batch: int, progress: Progress) -> dict[
     return graphs
 
 
-def export_lm(ckpt: CheckpointFiles, out: Path, batch: int,
-              progress: Progress) -> dict[str, GraphEntry]:
+def export_lm(ckpt: CheckpointFiles, out: Path, batch: int, progress: Progress,
+              verify: str = "auto") -> dict[str, GraphEntry]:
     """The LM graphs, weights streamed from the checkpoint into external data (lm.py's
     export_lm_graphs_frugal): the 7B is never held in memory twice."""
     from .lm import export_lm_graphs_frugal
 
     t0 = time.perf_counter()
     progress(f"exporting the language model from {ckpt.lm}")
-    graphs = export_lm_graphs_frugal(ckpt.config, ckpt.lm, out, batch=batch, progress=progress)
+    graphs = export_lm_graphs_frugal(ckpt.config, ckpt.lm, out, batch=batch, verify=verify,
+                                     progress=progress)
     for name, entry in graphs.items():
         graphs[name] = entry.split_rings()
     progress(f"  helium_step.onnx, depformer_step.onnx: checked against torch "
@@ -105,15 +107,19 @@ def check_output_space(ckpt: CheckpointFiles, out_dir: str | Path) -> None:
 
 def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "fp32",
                  backend: str = "onnx", batch: int = 1,
-                 progress: Progress = print) -> Manifest:
+                 progress: Progress = print, verify: str = "auto") -> Manifest:
     """Writes the model directory for `ckpt`: the codec always; the language model, its
-    tokenizer and its voice bank when the checkpoint has them."""
+    tokenizer and its voice bank when the checkpoint has them. `verify` chooses the LM graphs'
+    check (export_lm_graphs_frugal: "auto", "full", "reduced", "off"); the codec is always
+    checked in full."""
     if precision not in PRECISIONS:
         raise PersonaPlexError(f"precision {precision} is not available yet; this version "
                                f"exports {', '.join(PRECISIONS)}")
     if backend not in BACKENDS:
         raise PersonaPlexError(f"backend {backend} is not available yet; this version exports "
                                f"{', '.join(BACKENDS)}")
+    if verify not in VERIFY:
+        raise PersonaPlexError(f"verify {verify!r} is not one of {', '.join(VERIFY)}")
     cfg = ckpt.config
     check_output_space(ckpt, out_dir)
     progress(f"loading Mimi from {ckpt.mimi}")
@@ -129,7 +135,7 @@ def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "f
             voices = export_voices(ckpt, stage, progress)
             if voices is not None:
                 files[voices] = sha256_file(stage / voices)
-            graphs.update(export_lm(ckpt, stage, batch, progress))
+            graphs.update(export_lm(ckpt, stage, batch, progress, verify))
             contents.append("lm")
             if ckpt.tokenizer is not None:
                 tokenizer = ckpt.tokenizer.name

@@ -91,7 +91,7 @@ def exported(published, tmp_path_factory):
     return out, load_model_dir(out, need="lm")
 
 
-# ---- the export ------------------------------------------------------------------------------------
+# ---- the export ----------------------------------------------------------------------------------
 
 def test_published_files_are_all_used(published):
     root, _ = published
@@ -168,7 +168,7 @@ def test_exported_codec_matches_moshi(exported, tiny_cfg, tiny_mimi_ref):
     np.testing.assert_array_equal(codec.encode(pcm.numpy()), want.numpy())
 
 
-# ---- the voice bank ----------------------------------------------------------------------------------
+# ---- the voice bank ------------------------------------------------------------------------------
 
 def test_voice_bank_holds_the_reference_voices_exactly(exported, published):
     from personaplex_edge.voices import available_voices, load_voice
@@ -208,7 +208,7 @@ def test_voice_bank_of_another_model_is_refused(published, tmp_path):
         convert_voice_bank(tmp_path / "bad.tgz", tmp_path / "v.npz", cfg)
 
 
-# ---- damaged local checkpoints ------------------------------------------------------------------------
+# ---- damaged local checkpoints -------------------------------------------------------------------
 
 def _copy(published, tmp_path) -> Path:
     root = tmp_path / "ckpt"
@@ -240,7 +240,7 @@ def test_cut_header_and_broken_tokenizer(published, tmp_path):
         resolve_checkpoint(str(root))
 
 
-# ---- the hub -------------------------------------------------------------------------------------------
+# ---- the hub -------------------------------------------------------------------------------------
 
 REPO = "nvidia/personaplex-7b-v1"
 
@@ -320,6 +320,10 @@ def test_hub_offline_and_not_cached(fake_hub):
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     fake_hub.info_error = RuntimeError("offline")
+    fake_hub.download_error[VOICES_FILE] = LocalEntryNotFoundError("not cached")
+    lines = []
+    assert resolve_checkpoint(REPO, progress=lines.append).voices is None  # optional: skipped
+    assert any(VOICES_FILE in line and "going on without it" in line for line in lines)
     fake_hub.download_error[LM_FILE] = LocalEntryNotFoundError("not cached")
     with pytest.raises(CheckpointError, match=f"cannot download {LM_FILE}.*not in the local cache"):
         resolve_checkpoint(REPO, progress=lambda s: None)
@@ -339,7 +343,7 @@ def test_hub_download_that_cannot_fit(fake_hub):
     assert fake_hub.downloaded == []
 
 
-# ---- the memory bound ------------------------------------------------------------------------------------
+# ---- the memory bound ----------------------------------------------------------------------------
 
 _RSS_CHILD = r"""
 import glob, json, os, resource, sys
