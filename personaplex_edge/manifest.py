@@ -12,6 +12,7 @@ a `ModelDirError` naming the fix, never a crash mid-conversation.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -133,14 +134,19 @@ class GraphEntry:
     state: list[StateSpec] = field(default_factory=list)
     data_files: dict[str, str] = field(default_factory=dict)  # external data file -> sha256
     rings: list[RingSpec] = field(default_factory=list)
+    # a TensorRT engine built from this graph: file, sha256, TensorRT version, GPU capability
+    engine: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"file": self.file, "sha256": self.sha256,
-                "inputs": [t.to_dict() for t in self.inputs],
-                "outputs": [t.to_dict() for t in self.outputs],
-                "state": [s.to_dict() for s in self.state],
-                "rings": [r.to_dict() for r in self.rings],
-                "data_files": dict(self.data_files)}
+        out = {"file": self.file, "sha256": self.sha256,
+               "inputs": [t.to_dict() for t in self.inputs],
+               "outputs": [t.to_dict() for t in self.outputs],
+               "state": [s.to_dict() for s in self.state],
+               "rings": [r.to_dict() for r in self.rings],
+               "data_files": dict(self.data_files)}
+        if self.engine is not None:
+            out["engine"] = dict(self.engine)
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "GraphEntry":
@@ -148,7 +154,7 @@ class GraphEntry:
                    [TensorSpec.from_dict(t) for t in d["outputs"]],
                    [StateSpec.from_dict(s) for s in d.get("state", [])],
                    dict(d.get("data_files", {})),
-                   [RingSpec.from_dict(r) for r in d.get("rings", [])])
+                   [RingSpec.from_dict(r) for r in d.get("rings", [])], d.get("engine"))
 
     def split_rings(self, input_prefix: str = "past_key_values.", output_prefix: str = "present.",
                     position: str = "position") -> "GraphEntry":
@@ -167,8 +173,8 @@ class GraphEntry:
                 outputs.pop(row)
             else:
                 inputs.append(t)
-        return GraphEntry(self.file, self.sha256, inputs, list(outputs.values()), self.state,
-                          self.data_files, rings)
+        return dataclasses.replace(self, inputs=inputs, outputs=list(outputs.values()),
+                                   rings=rings)
 
 
 @dataclass
@@ -278,6 +284,8 @@ def load_model_dir(model_dir: str | Path, need: str | None = None) -> Manifest:
     for g in manifest.graphs.values():
         files[g.file] = g.sha256
         files.update(g.data_files)
+        if g.engine:
+            files[g.engine["file"]] = g.engine["sha256"]
     _verify_files(model_dir, files)
     return manifest
 

@@ -22,4 +22,9 @@ def open_graph(model_dir: str | Path, manifest: Manifest, name: str, device: str
         from .trt_backend import TrtGraph  # only where TensorRT is installed
 
         return TrtGraph(model_dir, manifest, entry)
-    return OrtGraph(model_dir, entry, choose_providers(device), threads)
+    providers = choose_providers(device)
+    if providers[0] == "CUDAExecutionProvider" and entry.rings:
+        from .ort_cuda import OrtCudaGraph  # KV rings on the device, rows written in place
+
+        return OrtCudaGraph(model_dir, entry)
+    return OrtGraph(model_dir, entry, providers, threads)

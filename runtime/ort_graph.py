@@ -101,8 +101,8 @@ class OrtGraph:
                                                                  _NP_DTYPES[r.dtype]))
                       for r in entry.rings}
         if entry.rings and self.device != "cpu":
-            raise ModelDirError("KV rings on the GPU need the native TensorRT backend (not in "
-                                "this version); run this model with --device cpu")
+            raise ModelDirError("KV rings on the GPU are handled by OrtCudaGraph (open graphs "
+                                "with runtime.backends.open_graph; it needs cuda-python)")
         self._positions = {r.input_name: 0 for r in entry.rings}
         self._bindings = [self._bind(read=i, write=1 - i) for i in range(2)]
         self._turn = 0
