@@ -20,10 +20,10 @@ from .mimi import Mimi, load_mimi
 from .mimi_transformer import RING_PREFIX, ROWS_PREFIX
 from .streaming import rings_as_io
 from .onnx_export import export_step, verify_step
+from .precision import PRECISIONS, convert_precision
 
 Progress = Callable[[str], None]
-PRECISIONS = ("fp32",)
-BACKENDS = ("onnx",)
+BACKENDS = ("onnx", "tensorrt")
 VERIFY = ("auto", "full", "reduced", "off")  # the LM graphs' check, see export_lm_graphs_frugal
 
 
@@ -107,17 +107,19 @@ def check_output_space(ckpt: CheckpointFiles, out_dir: str | Path) -> None:
 
 def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "fp32",
                  backend: str = "onnx", batch: int = 1,
-                 progress: Progress = print, verify: str = "auto") -> Manifest:
+                 progress: Progress = print, verify: str = "auto",
+                 kv_dtype: str | None = None, build_engines: bool = True) -> Manifest:
     """Writes the model directory for `ckpt`: the codec always; the language model, its
     tokenizer and its voice bank when the checkpoint has them. `verify` chooses the LM graphs'
     check (export_lm_graphs_frugal: "auto", "full", "reduced", "off"); the codec is always
-    checked in full."""
+    checked in full. The LM graphs are exported in float32, checked, then converted to
+    `precision` for `backend` (see export/precision.py); for TensorRT the engines are built
+    for this machine's GPU unless `build_engines` is off."""
     if precision not in PRECISIONS:
-        raise PersonaPlexError(f"precision {precision} is not available yet; this version "
-                               f"exports {', '.join(PRECISIONS)}")
+        raise PersonaPlexError(f"unknown precision {precision}; choose one of "
+                               f"{', '.join(PRECISIONS)}")
     if backend not in BACKENDS:
-        raise PersonaPlexError(f"backend {backend} is not available yet; this version exports "
-                               f"{', '.join(BACKENDS)}")
+        raise PersonaPlexError(f"unknown backend {backend}; choose one of {', '.join(BACKENDS)}")
     if verify not in VERIFY:
         raise PersonaPlexError(f"verify {verify!r} is not one of {', '.join(VERIFY)}")
     cfg = ckpt.config
@@ -141,9 +143,15 @@ def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "f
                 tokenizer = ckpt.tokenizer.name
                 shutil.copyfile(ckpt.tokenizer, stage / tokenizer)
                 files[tokenizer] = sha256_file(stage / tokenizer)
-        manifest = Manifest(config=cfg, graphs=graphs, contents=contents, precision=precision,
+        manifest = Manifest(config=cfg, graphs=graphs, contents=contents, precision="fp32",
                             backend=backend, tokenizer=tokenizer, voices=voices,
                             source=ckpt.source, files=files)
+        manifest = convert_precision(stage, manifest, precision, kv_dtype=kv_dtype,
+                                     progress=progress)
+        if backend == "tensorrt" and build_engines:
+            from .tensorrt_build import build_engines as build
+
+            manifest = build(stage, manifest, progress=progress)
         write_manifest(stage, manifest)
     progress(f"wrote {out_dir} ({', '.join(manifest.contents)})")
     return manifest

@@ -69,7 +69,7 @@ def cmd_export(args) -> int:
     t0 = time.perf_counter()
     ckpt = resolve_checkpoint(args.checkpoint, with_lm=not args.codec_only)
     export_model(ckpt, args.out, precision=args.precision, backend=args.backend,
-                 batch=args.batch)
+                 batch=args.batch, kv_dtype=args.kv_dtype, build_engines=not args.no_engines)
     print(f"done in {time.perf_counter() - t0:.1f} s")
     return 0
 
@@ -262,8 +262,17 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--checkpoint", required=True,
                    help="checkpoint directory or Hugging Face repo, e.g. nvidia/personaplex-7b-v1")
     e.add_argument("--out", required=True, help="model directory to write")
-    e.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16", "int8", "int4"])
-    e.add_argument("--backend", default="onnx", choices=["onnx", "tensorrt"])
+    e.add_argument("--precision", default="fp32",
+                   choices=["fp32", "fp16", "bf16", "int8", "int4", "fp8"],
+                   help="weights of the language model (the codec stays fp32); int8/int4 are "
+                        "weight-only; fp8 is TensorRT only")
+    e.add_argument("--backend", default="onnx", choices=["onnx", "tensorrt"],
+                   help="tensorrt also builds engines for this machine's GPU")
+    e.add_argument("--kv-dtype", choices=["float32", "float16", "bfloat16"],
+                   help="KV ring dtype (default: float16 for GPU precisions, float32 on the CPU)")
+    e.add_argument("--no-engines", action="store_true",
+                   help="with --backend tensorrt: write the graphs only; build the engines later "
+                        "on the target with python -m personaplex_edge.export.tensorrt_build")
     e.add_argument("--batch", type=int, default=1, help="streams per graph call (default 1)")
     e.add_argument("--codec-only", action="store_true",
                    help="export only the Mimi codec (no model.safetensors needed)")
