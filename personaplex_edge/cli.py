@@ -69,7 +69,8 @@ def cmd_export(args) -> int:
     t0 = time.perf_counter()
     ckpt = resolve_checkpoint(args.checkpoint, with_lm=not args.codec_only)
     export_model(ckpt, args.out, precision=args.precision, backend=args.backend,
-                 batch=args.batch, kv_dtype=args.kv_dtype, build_engines=not args.no_engines)
+                 batch=args.batch, kv_dtype=args.kv_dtype, build_engines=not args.no_engines,
+                 verify=args.verify)
     print(f"done in {time.perf_counter() - t0:.1f} s")
     return 0
 
@@ -270,6 +271,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tensorrt also builds engines for this machine's GPU")
     e.add_argument("--kv-dtype", choices=["float32", "float16", "bfloat16"],
                    help="KV ring dtype (default: float16 for GPU precisions, float32 on the CPU)")
+    e.add_argument("--verify", default="auto", choices=["auto", "full", "reduced", "off"],
+                   help="check of the LM graphs against torch before the manifest is written: "
+                        "full (needs the weights in memory once), reduced (one layer at full "
+                        "width + a spot check of every written weight), auto (full if it fits)")
     e.add_argument("--no-engines", action="store_true",
                    help="with --backend tensorrt: write the graphs only; build the engines later "
                         "on the target with python -m personaplex_edge.export.tensorrt_build")

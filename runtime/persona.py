@@ -7,8 +7,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from personaplex_edge.errors import PersonaPlexError
-
 from .session import SamplingParams, Session
 
 DEFAULT_TEXT_PROMPT = ("You are a wise and friendly teacher. Answer questions or provide advice "
@@ -35,14 +33,11 @@ def _voice_kwargs(session: Session, voice: str | None) -> dict:
         pcm = read_audio(voice, session.codec.sample_rate)
         pcm = normalize_loudness(pcm, session.codec.sample_rate)
         return {"voice_codes": session.encode_voice(pcm)}
-    if manifest.voices is None:
-        if voice is None:
-            return {}
-        raise PersonaPlexError(f"{model_dir} has no voice bank, so there is no voice "
-                               f"{voice!r}; give an audio file as --voice-prompt instead")
     from personaplex_edge.voices import available_voices, load_voice
 
-    if voice is None:
+    if voice is None:  # the reference's usual voice, where the model's bank has it
+        if manifest.voices is None:
+            return {}
         names = available_voices(model_dir, manifest)
         if DEFAULT_VOICE not in names:
             return {}
