@@ -26,9 +26,8 @@ from pathlib import Path
 from typing import Callable
 
 from personaplex_edge.errors import PersonaPlexError
-from personaplex_edge.manifest import (GraphEntry, Manifest, load_model_dir, sha256_file,
-                                       write_manifest)
-from personaplex_edge.runtime.trt_engine import EngineSpec, write_sidecar
+from personaplex_edge.manifest import Manifest, load_model_dir, sha256_file, write_manifest
+from personaplex_edge.runtime.trt_engine import EngineSpec
 
 Progress = Callable[[str], None]
 # fp8 tensor cores: Ada (8.9) and Hopper (9.0) and newer; Orin (8.7) has none
@@ -119,11 +118,6 @@ def build_engine(onnx_path: Path, engine_path: Path, precision: str,
                       info.compute_capability, info.name, precision, round(seconds, 1))
 
 
-def _with_engine(entry: GraphEntry, spec: EngineSpec) -> GraphEntry:
-    """The entry with its engine, once GraphEntry has the `engine` field (see the report)."""
-    return dataclasses.replace(entry, engine=spec.to_dict())
-
-
 def build_engines(model_dir: str | Path, manifest: Manifest | None = None,
                   graphs: list[str] | None = None, timing_cache: Path | None = None,
                   workspace_bytes: int | None = None, progress: Progress = print) -> Manifest:
@@ -133,19 +127,13 @@ def build_engines(model_dir: str | Path, manifest: Manifest | None = None,
     model_dir = Path(model_dir)
     manifest = manifest or load_model_dir(model_dir)
     names = graphs or list(manifest.graphs)
-    has_field = "engine" in {f.name for f in dataclasses.fields(GraphEntry)}
     entries = dict(manifest.graphs)
-    specs: dict[str, EngineSpec] = {}
     for name in names:
         entry = entries[name]
         engine = model_dir / (Path(entry.file).stem + ".engine")
         spec = build_engine(model_dir / entry.file, engine, manifest.precision, timing_cache,
                             workspace_bytes, progress)
-        specs[entry.file] = spec
-        if has_field:
-            entries[name] = _with_engine(entry, spec)
-    if not has_field:
-        write_sidecar(model_dir, specs)
+        entries[name] = dataclasses.replace(entry, engine=spec.to_dict())
     return dataclasses.replace(manifest, graphs=entries, backend="tensorrt")
 
 

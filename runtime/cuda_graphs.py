@@ -88,7 +88,6 @@ class CapturedSequence:
         parity = self._stateful[0]._turn if self._stateful else None
         call("cudaGraphLaunch", self._execs[parity], self.stream.raw)
         for g, p in zip(self.graphs, positions):
-            g._last_positions = p
             if g.entry.rings:
                 g.rings.write(p, self.stream)
         for g in self._stateful:

@@ -23,8 +23,9 @@ import numpy as np
 
 from personaplex_edge.manifest import RingSpec
 
-from .cuda_runtime import (DeviceBuffer, PinnedArray, Stream, copy_rows, copy_to_host,
-                           fill_zero)
+from .cuda_runtime import (DeviceBuffer, PinnedArray, Stream, copy_rows, copy_to_device,
+                           copy_to_host, fill_zero)
+from .graph_io import host_dtype
 
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -141,6 +142,32 @@ class RingPositions:
     def close(self) -> None:
         for pinned in self.mirrors.values():
             pinned.close()
+
+
+def download_state(entry, state: dict[str, DeviceBuffer], rings: DeviceRings,
+                   stream: Stream) -> dict[str, np.ndarray]:
+    """A graph's whole state - its state buffers `state` (one ping-pong set) and its KV rings -
+    copied to new host arrays; waits for the copies."""
+    out = {s.name: np.empty(s.shape, host_dtype(s.dtype)) for s in entry.state}
+    for name, a in out.items():
+        copy_to_host(a, state[name].ptr, stream)
+    for r in entry.rings:
+        out[r.input_name] = np.empty(r.shape, host_dtype(r.dtype))
+        copy_to_host(out[r.input_name], rings.ring_ptr[r.input_name], stream)
+    stream.synchronize()
+    return out
+
+
+def upload_state(arrays: dict[str, np.ndarray], state: dict[str, DeviceBuffer],
+                 rings: DeviceRings, positions: RingPositions, stream: Stream) -> None:
+    """The reverse of download_state, for arrays checked by graph_io.check_state: each goes to
+    its ring or state buffer, the mirrored ring positions follow; waits for the copies (their
+    pageable sources must outlive them)."""
+    for name, a in arrays.items():
+        dst = rings.ring_ptr[name] if name in rings.ring_ptr else state[name].ptr
+        copy_to_device(dst, a, stream)
+    positions.set(arrays)
+    stream.synchronize()
 
 
 def bind_rings_to_ort(binding, rings: DeviceRings, device_id: int = 0) -> None:

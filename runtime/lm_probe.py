@@ -47,11 +47,7 @@ class GreedyLM:
         self.helium = opener("helium_step")
         self.depformer = opener("depformer_step")
         for graph in (self.helium, self.depformer):
-            for name, buf in graph.inputs.items():
-                if name.endswith("temperature"):
-                    buf[...] = 1.0
-                elif name.endswith("top_k"):
-                    buf[...] = 0  # 0 = all of K_max; with zero noise the argmax either way
+            greedy_sampling(graph)
 
     def frame(self, tokens: np.ndarray, position: int) -> tuple[int, np.ndarray, float, float]:
         """tokens [1, 17] -> (text token, agent tokens [8], temporal ms, depformer ms); the
@@ -83,6 +79,32 @@ class GreedyLM:
             fed = tokens[t] if forced is None else forced[t]
             ring.write_generated(fed[:1], fed[None, 1:])
         return GreedyRun(tokens, temporal, depth, hidden)
+
+
+def greedy_sampling(graph) -> None:
+    """Sets a graph's sampling inputs for greedy decoding: temperature 1 and top_k 0 (= all of
+    K_max); with zero noise the in-graph sampling is then the argmax."""
+    for name, buf in graph.inputs.items():
+        if name.endswith("temperature"):
+            buf[...] = 1.0
+        elif name.endswith("top_k"):
+            buf[...] = 0
+
+
+def linked_frame(model_dir: str | Path, manifest: Manifest):
+    """(helium, depformer) as TrtGraphs on one stream, set for greedy decoding, the depformer
+    reading helium's hidden state and text token on the device: a frame that
+    cuda_graphs.CapturedSequence([helium, depformer]) can capture whole."""
+    from .trt_backend import TrtGraph
+
+    helium = TrtGraph(model_dir, manifest, manifest.graphs["helium_step"])
+    depformer = TrtGraph(model_dir, manifest, manifest.graphs["depformer_step"],
+                         stream=helium.stream)
+    depformer.link_input("hidden", helium, "hidden")
+    depformer.link_input("text_token", helium, "text_token")
+    for graph in (helium, depformer):
+        greedy_sampling(graph)
+    return helium, depformer
 
 
 def agreement(a: np.ndarray, b: np.ndarray) -> dict[str, float]:

@@ -17,12 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from personaplex_edge.errors import ModelDirError, StateError
+from personaplex_edge.errors import ModelDirError
 from personaplex_edge.manifest import GraphEntry
 
 from .cuda_runtime import (DeviceBuffer, PinnedArray, Stream, copy_to_device, copy_to_host,
                            fill_zero)
-from .device_rings import DeviceRings, RingPositions, bind_rings_to_ort
+from .device_rings import (DeviceRings, RingPositions, bind_rings_to_ort, download_state,
+                           upload_state)
+from .graph_io import check_state
 
 
 def cuda_providers(stream: Stream, device_id: int = 0, tensorrt: bool = False,
@@ -82,7 +84,6 @@ class OrtCudaGraph:
                         for s in entry.state} for _ in range(2)]
         self.rings = DeviceRings(entry.rings, self.stream)
         self._positions = RingPositions(entry, self.inputs, np.dtype)
-        self._last_positions: dict[str, int] = {}
         self._bindings = [self._bind(read=i, write=1 - i) for i in range(2)]
         self._run_options = []
         for parity in range(2):
@@ -111,13 +112,13 @@ class OrtCudaGraph:
 
     def run(self) -> dict[str, np.ndarray]:
         """One call; the new K/V rows are written into the rings before it returns."""
-        self._last_positions = self._positions.now()
+        positions = self._positions.now()  # before the call
         for name, pinned in self._pinned_in.items():
             copy_to_device(self._dev_in[name].ptr, pinned.array, self.stream, pinned.ptr)
         # onnxruntime runs on our stream, after the copies; it synchronizes before returning
         self.session.run_with_iobinding(self._bindings[self._turn],
                                         self._run_options[self._turn])
-        self.rings.write(self._last_positions, self.stream)
+        self.rings.write(positions, self.stream)
         for name, pinned in self._pinned_out.items():
             copy_to_host(pinned.array, self._dev_out[name].ptr, self.stream, pinned.ptr)
         self._positions.after_run({n: b.ptr for n, b in self._state[1 - self._turn].items()},
@@ -125,13 +126,6 @@ class OrtCudaGraph:
         self.stream.synchronize()
         self._turn = 1 - self._turn
         return self.outputs
-
-    def write_rings(self, position: int | None = None) -> None:
-        """(Re)writes the last call's rows (run() already did, at the call's positions)."""
-        positions = self._last_positions if position is None else {
-            n: position for n in self._last_positions}
-        self.rings.write(positions, self.stream)
-        self.stream.synchronize()
 
     def reset(self) -> None:
         for s in self.entry.state:
@@ -146,29 +140,9 @@ class OrtCudaGraph:
 
     def state(self) -> dict[str, np.ndarray]:
         """The current state, KV rings included, as host arrays (a copy)."""
-        out = {s.name: np.empty(s.shape, np.dtype(s.dtype)) for s in self.entry.state}
-        for name, a in out.items():
-            copy_to_host(a, self._state[self._turn][name].ptr, self.stream)
-        for r in self.entry.rings:
-            out[r.input_name] = np.empty(r.shape, np.dtype(r.dtype))
-            copy_to_host(out[r.input_name], self.rings.ring_ptr[r.input_name], self.stream)
-        self.stream.synchronize()
-        return out
+        return download_state(self.entry, self._state[self._turn], self.rings, self.stream)
 
     def set_state(self, arrays: dict[str, np.ndarray]) -> None:
-        specs = {s.name: s for s in self.entry.state}
-        specs.update({r.input_name: r for r in self.entry.rings})
-        if set(arrays) != set(specs):
-            raise StateError(f"{self.entry.file}: state must have exactly {sorted(specs)}")
-        staged = {}
-        for name, spec in specs.items():
-            a = np.ascontiguousarray(arrays[name])
-            if a.shape != tuple(spec.shape) or a.dtype != np.dtype(spec.dtype):
-                raise StateError(f"{self.entry.file}: state '{name}' must be {spec.dtype} "
-                                 f"{list(spec.shape)}, got {a.dtype} {list(a.shape)}")
-            staged[name] = a
-            dst = self.rings.ring_ptr[name] if name in self.rings.ring_ptr else \
-                self._state[self._turn][name].ptr
-            copy_to_device(dst, a, self.stream)
-        self._positions.set(staged)
-        self.stream.synchronize()
+        """Replaces the whole state, rings included (e.g. one saved with `state()`)."""
+        upload_state(check_state(self.entry, arrays), self._state[self._turn], self.rings,
+                     self._positions, self.stream)

@@ -16,8 +16,10 @@ from typing import Sequence
 
 import numpy as np
 
-from personaplex_edge.errors import ModelDirError, StateError
+from personaplex_edge.errors import ModelDirError
 from personaplex_edge.manifest import GraphEntry
+
+from .graph_io import check_state, copy_input
 
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64,
               "int32": np.int32, "bool": np.bool_}
@@ -198,31 +200,12 @@ class OrtGraph:
 
     def set_state(self, arrays: dict[str, np.ndarray]) -> None:
         """Replaces the whole state (e.g. one saved with `state()`), checking every tensor."""
-        specs = {s.name: s for s in self.entry.state}
-        specs.update({r.input_name: r for r in self.entry.rings})
-        missing = sorted(set(specs) - set(arrays))
-        unknown = sorted(set(arrays) - set(specs))
-        if missing or unknown:
-            raise StateError(f"{self.entry.file}: state is missing {missing or 'nothing'} and "
-                             f"has unknown {unknown or 'nothing'}")
-        for name, spec in specs.items():
-            a = np.asarray(arrays[name])
-            if a.shape != spec.shape or a.dtype != _NP_DTYPES[spec.dtype]:
-                raise StateError(f"{self.entry.file}: state '{name}' must be {spec.dtype} "
-                                 f"{list(spec.shape)}, got {a.dtype} {list(a.shape)}")
-        for name, a in arrays.items():
+        for name, a in check_state(self.entry, arrays).items():
             value = self.rings[name] if name in self.rings else self._state[self._turn][name]
             if self.device == "cpu":
                 np.copyto(value.numpy(), a)
             else:
-                value.update_inplace(np.ascontiguousarray(a))
+                value.update_inplace(a)
 
     def set_input(self, name: str, value: np.ndarray) -> None:
-        target = self.inputs.get(name)
-        if target is None:
-            raise StateError(f"{self.entry.file} has no input '{name}'; it takes "
-                             + ", ".join(self.inputs))
-        if value.shape != target.shape:
-            raise StateError(f"{self.entry.file} input '{name}' must have shape "
-                             f"{list(target.shape)}, got {list(value.shape)}")
-        np.copyto(target, value, casting="same_kind")
+        copy_input(self.entry.file, self.inputs, name, value)

@@ -2,7 +2,7 @@
 
 The same surface as `OrtGraph`: `inputs` / `outputs` are host arrays (write the former, call
 `run()`, read the latter; run() also writes the new K/V rows into the rings), `reset()`,
-`write_rings()`, `state()` / `set_state()` (rings included). Inside:
+`state()` / `set_state()` (rings included), `set_input()`. Inside:
 
 - inputs and outputs have a pinned host array and a device buffer each; per run only those are
   copied (tokens, 1920 samples, a hidden vector, a few tokens back);
@@ -30,7 +30,8 @@ from personaplex_edge.manifest import GraphEntry, Manifest
 
 from .cuda_runtime import (CudaError, DeviceBuffer, PinnedArray, Stream, call, copy_to_device,
                            copy_to_host, device_info, fill_zero)
-from .device_rings import DeviceRings, RingPositions
+from .device_rings import DeviceRings, RingPositions, download_state, upload_state
+from .graph_io import check_state, copy_input, host_dtype
 from .trt_engine import check_compatible, check_engine_file, engine_spec
 
 # TensorRT DataType names -> manifest dtypes
@@ -50,17 +51,6 @@ def import_tensorrt():
     return tensorrt
 
 
-def host_dtype(dtype: str) -> np.dtype:
-    if dtype == "bfloat16":
-        try:
-            import ml_dtypes
-        except ImportError:
-            raise StateError("bfloat16 tensors on the host need ml_dtypes: pip install "
-                             "ml_dtypes") from None
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(dtype)
-
-
 def _nbytes(shape, dtype: str) -> int:
     return int(np.prod(shape, dtype=np.int64)) * host_dtype(dtype).itemsize
 
@@ -77,9 +67,7 @@ class TrtGraph:
         info = device_info(device)
         spec = engine_spec(model_dir, entry)
         check_compatible(spec, trt.__version__, info.compute_capability, info.name, model_dir)
-        # once the manifest lists engines, load_model_dir has hashed the file already
-        path = (model_dir / spec.file) if getattr(entry, "engine", None) else \
-            check_engine_file(model_dir, spec)
+        path = check_engine_file(model_dir, spec)  # load_model_dir has checked its sha256
         call("cudaSetDevice", device)
         self.stream = stream or Stream()
         self._own_stream = stream is None
@@ -112,7 +100,6 @@ class TrtGraph:
                 self._state_init[s.name] = pinned
         self.rings = DeviceRings(entry.rings, self.stream)
         self._positions = RingPositions(entry, self.inputs, host_dtype)
-        self._last_positions: dict[str, int] = {}
         for name, buf in (*self._dev_in.items(), *self._dev_out.items()):
             self._set_address(name, buf.ptr)
         for name, ptr in (*self.rings.ring_ptr.items(), *self.rings.row_ptr.items()):
@@ -174,7 +161,7 @@ class TrtGraph:
         the rings, outputs back. Returns at once; `stream.synchronize()` (or `run()`) waits.
         A CUDA graph capture passes rings=False: the slot moves every frame, so the ring write
         is queued after each replay instead (CapturedSequence does it)."""
-        self._last_positions = self._positions.now()  # before the call, as the spec says
+        positions = self._positions.now()  # before the call, as the spec says
         for name, pinned in self._pinned_in.items():
             if name not in self._linked:
                 copy_to_device(self._dev_in[name].ptr, pinned.array, self.stream, pinned.ptr)
@@ -185,7 +172,7 @@ class TrtGraph:
         if not self.context.execute_async_v3(self.stream.handle):
             raise CudaError(f"TensorRT could not run {self.entry.file} (see its log above)")
         if rings:
-            self.rings.write(self._last_positions, self.stream)
+            self.rings.write(positions, self.stream)
         for name, pinned in self._pinned_out.items():
             copy_to_host(pinned.array, self._dev_out[name].ptr, self.stream, pinned.ptr)
         self._positions.after_run({n: b.ptr for n, b in write.items()}, self.stream)
@@ -197,13 +184,6 @@ class TrtGraph:
         self.enqueue()
         self.stream.synchronize()
         return self.outputs
-
-    def write_rings(self, position: int | None = None) -> None:
-        """(Re)writes the last call's new rows: at `position` for every ring, or where the
-        call's own positions put them (what run() already did). Queued on the stream."""
-        positions = self._last_positions if position is None else {
-            n: position for n in self._last_positions}
-        self.rings.write(positions, self.stream)
 
     def reset(self) -> None:
         """Back to the initial state, in place. Ring slots not written since are masked."""
@@ -220,46 +200,15 @@ class TrtGraph:
     def state(self) -> dict[str, np.ndarray]:
         """The current state, KV rings included, as host arrays (a copy; to save a stream, or
         for inspection and tests)."""
-        out = {s.name: np.empty(s.shape, host_dtype(s.dtype)) for s in self.entry.state}
-        for name, a in out.items():
-            copy_to_host(a, self._state[self._turn][name].ptr, self.stream)
-        for r in self.entry.rings:
-            out[r.input_name] = np.empty(r.shape, host_dtype(r.dtype))
-            copy_to_host(out[r.input_name], self.rings.ring_ptr[r.input_name], self.stream)
-        self.stream.synchronize()
-        return out
+        return download_state(self.entry, self._state[self._turn], self.rings, self.stream)
 
     def set_state(self, arrays: dict[str, np.ndarray]) -> None:
         """Replaces the whole state, rings included (e.g. one saved with `state()`)."""
-        specs = {s.name: s for s in self.entry.state}
-        specs.update({r.input_name: r for r in self.entry.rings})
-        missing, unknown = sorted(set(specs) - set(arrays)), sorted(set(arrays) - set(specs))
-        if missing or unknown:
-            raise StateError(f"{self.entry.file}: state is missing {missing or 'nothing'} and "
-                             f"has unknown {unknown or 'nothing'}")
-        staged = {}
-        for name, spec in specs.items():
-            a = np.ascontiguousarray(arrays[name])
-            if a.shape != tuple(spec.shape) or a.dtype != host_dtype(spec.dtype):
-                raise StateError(f"{self.entry.file}: state '{name}' must be {spec.dtype} "
-                                 f"{list(spec.shape)}, got {a.dtype} {list(a.shape)}")
-            staged[name] = a
-        for name, a in staged.items():
-            dst = self.rings.ring_ptr[name] if name in self.rings.ring_ptr else \
-                self._state[self._turn][name].ptr
-            copy_to_device(dst, a, self.stream)
-        self._positions.set(staged)
-        self.stream.synchronize()  # the pageable sources must outlive the copies
+        upload_state(check_state(self.entry, arrays), self._state[self._turn], self.rings,
+                     self._positions, self.stream)
 
     def set_input(self, name: str, value: np.ndarray) -> None:
-        target = self.inputs.get(name)
-        if target is None:
-            raise StateError(f"{self.entry.file} has no input '{name}'; it takes "
-                             + ", ".join(self.inputs))
-        if value.shape != target.shape:
-            raise StateError(f"{self.entry.file} input '{name}' must have shape "
-                             f"{list(target.shape)}, got {list(value.shape)}")
-        np.copyto(target, value, casting="same_kind")
+        copy_input(self.entry.file, self.inputs, name, value)
 
     def close(self) -> None:
         """Frees the device and pinned memory now (otherwise at process exit)."""

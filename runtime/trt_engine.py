@@ -3,21 +3,19 @@
 A serialized engine only runs with the TensorRT version that built it and on GPUs of the compute
 capability it was built on; loaded elsewhere, TensorRT fails with an opaque deserialisation
 error, or worse, picks kernels the GPU lacks. So every engine carries an `EngineSpec` (in the
-manifest's graph entry, key "engine"; until the manifest has that field, in `engines.json`
-beside it), and the runtime compares it with the machine before it deserialises anything.
+manifest's graph entry, key "engine"; load_model_dir checks the engine file's sha256 like every
+other file's), and the runtime compares it with the machine before it deserialises anything.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from personaplex_edge.errors import ModelDirError
-from personaplex_edge.manifest import GraphEntry, sha256_file
+from personaplex_edge.manifest import GraphEntry
 
-SIDECAR = "engines.json"
 REBUILD = ("rebuild the engines on this machine: python -m personaplex_edge.export."
            "tensorrt_build --model {model_dir}")
 
@@ -43,17 +41,8 @@ class EngineSpec:
 
 
 def engine_spec(model_dir: str | Path, entry: GraphEntry) -> EngineSpec:
-    """The engine of a graph: from the entry's `engine` field, else from the sidecar."""
-    data = getattr(entry, "engine", None)
-    if data is None:
-        path = Path(model_dir) / SIDECAR
-        try:
-            data = json.loads(path.read_text()).get(entry.file)
-        except FileNotFoundError:
-            data = None
-        except (OSError, json.JSONDecodeError) as e:
-            raise ModelDirError(f"cannot read {path}: {e}; {REBUILD.format(model_dir=model_dir)}"
-                                ) from e
+    """The engine of a graph, from the entry's `engine` field."""
+    data = entry.engine
     if data is None:
         raise ModelDirError(f"{model_dir}: {entry.file} has no TensorRT engine; "
                             + REBUILD.format(model_dir=model_dir))
@@ -77,26 +66,9 @@ def check_compatible(spec: EngineSpec, tensorrt_version: str, compute_capability
 
 
 def check_engine_file(model_dir: str | Path, spec: EngineSpec) -> Path:
-    """The engine's path, after checking that it exists and matches its sha256 (the manifest
-    check covers it once the manifest lists engines; the sidecar needs this)."""
+    """The engine's path, after checking that it exists (its sha256 is the manifest's, checked
+    by load_model_dir with every other file)."""
     path = Path(model_dir) / spec.file
     if not path.is_file():
         raise ModelDirError(f"{path} is missing; " + REBUILD.format(model_dir=model_dir))
-    if sha256_file(path) != spec.sha256:
-        raise ModelDirError(f"{path} does not match its sha256 (changed or corrupted); "
-                            + REBUILD.format(model_dir=model_dir))
     return path
-
-
-def write_sidecar(model_dir: str | Path, specs: dict[str, EngineSpec]) -> None:
-    """{graph file: EngineSpec} -> engines.json (used while GraphEntry has no `engine` field),
-    merged with the engines already recorded there (graphs built separately)."""
-    from personaplex_edge.manifest import write_text_atomic
-
-    path = Path(model_dir) / SIDECAR
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        data = {}
-    data.update({k: v.to_dict() for k, v in specs.items()})
-    write_text_atomic(path, json.dumps(data, indent=2))

@@ -165,19 +165,11 @@ def run_captured(model_dir: Path, user: np.ndarray, forced: np.ndarray | None):
     beyond the one per frame."""
     from personaplex_edge.manifest import load_model_dir
     from personaplex_edge.runtime.cuda_graphs import CapturedSequence
-    from personaplex_edge.runtime.trt_backend import TrtGraph
+    from personaplex_edge.runtime.lm_probe import linked_frame
     from personaplex_edge.streams import TokenRing
 
     manifest = load_model_dir(model_dir)
-    helium = TrtGraph(model_dir, manifest, manifest.graphs["helium_step"])
-    depformer = TrtGraph(model_dir, manifest, manifest.graphs["depformer_step"],
-                         stream=helium.stream)
-    depformer.link_input("hidden", helium, "hidden")
-    depformer.link_input("text_token", helium, "text_token")
-    for g in (helium, depformer):
-        for name, buf in g.inputs.items():
-            if name.endswith("temperature"):
-                buf[...] = 1.0
+    helium, depformer = linked_frame(model_dir, manifest)
     seq = CapturedSequence([helium, depformer])
     ring = TokenRing(manifest.config)
     tokens = np.zeros((len(user), 9), np.int64)

@@ -235,23 +235,25 @@ def fake_tensorrt(cuda: FakeCuda, model_dir: Path) -> types.ModuleType:
 
 
 def install(monkeypatch, model_dir: Path) -> FakeCuda:
-    """Patches cuda-python and TensorRT for the backends; writes a simulated engine (and its
-    record) for every graph of `model_dir`."""
+    """Patches cuda-python and TensorRT for the backends; writes a simulated engine for every
+    graph of `model_dir` and records it in the manifest (the backend named there is kept)."""
+    import dataclasses
     import sys
 
-    from personaplex_edge.manifest import load_model_dir, sha256_file
+    from personaplex_edge.manifest import load_model_dir, sha256_file, write_manifest
     from personaplex_edge.runtime import cuda_runtime
-    from personaplex_edge.runtime.trt_engine import EngineSpec, write_sidecar
+    from personaplex_edge.runtime.trt_engine import EngineSpec
 
     cuda = FakeCuda()
     monkeypatch.setattr(cuda_runtime, "cudart", lambda: cuda)
     monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt(cuda, model_dir))
     manifest = load_model_dir(model_dir)
-    specs = {}
-    for entry in manifest.graphs.values():
+    graphs = {}
+    for name, entry in manifest.graphs.items():
         engine = model_dir / (Path(entry.file).stem + ".engine")
         engine.write_text(entry.file)
-        specs[entry.file] = EngineSpec(engine.name, sha256_file(engine), "0.0-simulated", "9.0",
-                                       "Simulated GPU", manifest.precision)
-    write_sidecar(model_dir, specs)
+        spec = EngineSpec(engine.name, sha256_file(engine), "0.0-simulated", "9.0",
+                          "Simulated GPU", manifest.precision)
+        graphs[name] = dataclasses.replace(entry, engine=spec.to_dict())
+    write_manifest(model_dir, dataclasses.replace(manifest, graphs=graphs))
     return cuda

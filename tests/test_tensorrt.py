@@ -18,8 +18,7 @@ import pytest
 from personaplex_edge.config import preset
 from personaplex_edge.errors import ModelDirError
 from personaplex_edge.manifest import RingSpec, load_model_dir
-from personaplex_edge.runtime.trt_engine import (EngineSpec, check_compatible, engine_spec,
-                                                 write_sidecar)
+from personaplex_edge.runtime.trt_engine import EngineSpec, check_compatible, engine_spec
 
 
 def _gpu_reason() -> str | None:
@@ -42,12 +41,12 @@ SPEC = EngineSpec("helium_step.engine", "0" * 64, "10.8.0.43", "9.0", "NVIDIA H2
 
 # ---- no GPU needed ------------------------------------------------------------------------------
 
-def test_engine_spec_round_trip_and_sidecar(tmp_path):
+def test_engine_spec_round_trip_and_manifest_record(tmp_path):
     from personaplex_edge.manifest import GraphEntry
 
     assert EngineSpec.from_dict(json.loads(json.dumps(SPEC.to_dict()))) == SPEC
-    write_sidecar(tmp_path, {"helium_step.onnx": SPEC})
-    entry = GraphEntry("helium_step.onnx", "x", [], [])
+    entry = GraphEntry("helium_step.onnx", "x", [], [], engine=SPEC.to_dict())
+    entry = GraphEntry.from_dict(json.loads(json.dumps(entry.to_dict())))  # as in manifest.json
     assert engine_spec(tmp_path, entry) == SPEC
     with pytest.raises(ModelDirError, match="has no TensorRT engine.*tensorrt_build"):
         engine_spec(tmp_path, GraphEntry("depformer_step.onnx", "x", [], []))
@@ -289,7 +288,7 @@ def test_captured_frame_replays_like_eager_runs(simulated):
     after each replay) give the eager tokens; a stateful graph (the encoder) captures both
     ping-pong parities and alternates them."""
     from personaplex_edge.runtime.cuda_graphs import CapturedSequence
-    from personaplex_edge.runtime.lm_probe import GreedyLM
+    from personaplex_edge.runtime.lm_probe import GreedyLM, linked_frame
     from personaplex_edge.runtime.trt_backend import TrtGraph
     from personaplex_edge.streams import TokenRing
 
@@ -298,14 +297,7 @@ def test_captured_frame_replays_like_eager_runs(simulated):
     user = np.random.default_rng(4).integers(0, 2048, (45, 8))
     eager = GreedyLM(model, dataclasses.replace(manifest, backend="tensorrt")).run(user).tokens
 
-    helium = TrtGraph(model, manifest, manifest.graphs["helium_step"])
-    depformer = TrtGraph(model, manifest, manifest.graphs["depformer_step"], stream=helium.stream)
-    depformer.link_input("hidden", helium, "hidden")
-    depformer.link_input("text_token", helium, "text_token")
-    for g in (helium, depformer):
-        for name, buf in g.inputs.items():
-            if name.endswith("temperature"):
-                buf[...] = 1.0
+    helium, depformer = linked_frame(model, manifest)
     seq = CapturedSequence([helium, depformer])
     ring, tokens = TokenRing(manifest.config), []
     for codes in user:
@@ -330,21 +322,31 @@ def test_captured_frame_replays_like_eager_runs(simulated):
         np.testing.assert_array_equal(enc.outputs["codes"], ref.run()["codes"])
 
 
-def test_engine_sidecar_and_tampering_on_simulated_gpu(simulated):
+def test_engine_record_and_tampering_on_simulated_gpu(simulated):
+    from personaplex_edge.manifest import MANIFEST
     from personaplex_edge.runtime.trt_backend import TrtGraph
-    from personaplex_edge.runtime.trt_engine import SIDECAR
 
     model, _ = simulated
+    entry = load_model_dir(model).graphs["depformer_step"]
+    engine = model / "depformer_step.engine"
+    engine.write_text(entry.file + " ")  # changed after the build
+    with pytest.raises(ModelDirError, match="'depformer_step.engine' does not match its sha256"):
+        load_model_dir(model)
+    engine.write_text(entry.file)
+    data = json.loads((model / MANIFEST).read_text())
+    data["graphs"]["depformer_step"]["engine"]["tensorrt_version"] = "10.0.0"
+    (model / MANIFEST).write_text(json.dumps(data))
     manifest = load_model_dir(model)
-    entry = manifest.graphs["depformer_step"]
-    (model / "depformer_step.engine").write_text(entry.file + " ")  # changed after the build
-    with pytest.raises(ModelDirError, match="does not match its sha256"):
-        TrtGraph(model, manifest, entry)
-    data = json.loads((model / SIDECAR).read_text())
-    data[entry.file]["tensorrt_version"] = "10.0.0"
-    (model / SIDECAR).write_text(json.dumps(data))
     with pytest.raises(ModelDirError, match="TensorRT 10.0.0 built it, this is 0.0-simulated"):
-        TrtGraph(model, manifest, entry)
+        TrtGraph(model, manifest, manifest.graphs["depformer_step"])
+    engine.unlink()
+    with pytest.raises(ModelDirError, match="depformer_step.engine is missing.*tensorrt_build"):
+        TrtGraph(model, manifest, entry)  # entry: the record as built
+    data["graphs"]["depformer_step"].pop("engine")
+    (model / MANIFEST).write_text(json.dumps(data))
+    manifest = load_model_dir(model)
+    with pytest.raises(ModelDirError, match="has no TensorRT engine.*tensorrt_build"):
+        TrtGraph(model, manifest, manifest.graphs["depformer_step"])
 
 
 # ---- GPU --------------------------------------------------------------------------------------
@@ -384,17 +386,13 @@ def test_tensorrt_greedy_tokens_agree_with_onnxruntime_cpu(tiny_fp16_engines):
 @needs_gpu
 def test_captured_frame_equals_eager(tiny_fp16_engines):
     from personaplex_edge.runtime.cuda_graphs import CapturedSequence
-    from personaplex_edge.runtime.trt_backend import TrtGraph
+    from personaplex_edge.runtime.lm_probe import linked_frame
 
     model = tiny_fp16_engines / "fp16"
     manifest = load_model_dir(model)
 
     def frames(capture: bool):
-        helium = TrtGraph(model, manifest, manifest.graphs["helium_step"])
-        depformer = TrtGraph(model, manifest, manifest.graphs["depformer_step"],
-                             stream=helium.stream)
-        depformer.link_input("hidden", helium, "hidden")
-        depformer.link_input("text_token", helium, "text_token")
+        helium, depformer = linked_frame(model, manifest)
         seq = CapturedSequence([helium, depformer]) if capture else None
         out = []
         for t in range(12):
@@ -417,19 +415,16 @@ def test_captured_frame_equals_eager(tiny_fp16_engines):
 def test_engine_of_another_gpu_is_refused_at_load(tiny_fp16_engines, tmp_path):
     import shutil
 
+    from personaplex_edge.manifest import MANIFEST
     from personaplex_edge.runtime.trt_backend import TrtGraph
-    from personaplex_edge.runtime.trt_engine import SIDECAR
 
     model = tmp_path / "m"
     shutil.copytree(tiny_fp16_engines / "fp16", model)
+    data = json.loads((model / MANIFEST).read_text())
+    data["graphs"]["depformer_step"]["engine"]["compute_capability"] = "1.0"
+    (model / MANIFEST).write_text(json.dumps(data))
     manifest = load_model_dir(model)
     entry = manifest.graphs["depformer_step"]
-    if getattr(entry, "engine", None) is None:
-        data = json.loads((model / SIDECAR).read_text())
-        data[entry.file]["compute_capability"] = "1.0"
-        (model / SIDECAR).write_text(json.dumps(data))
-    else:
-        entry = dataclasses.replace(entry, engine={**entry.engine, "compute_capability": "1.0"})
     with pytest.raises(ModelDirError, match="compute capability 1.0"):
         TrtGraph(model, manifest, entry)
 
