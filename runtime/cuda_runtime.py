@@ -65,7 +65,7 @@ class DeviceInfo:
 
 
 def device_info(index: int = 0) -> DeviceInfo:
-    rt = cudart()
+    cudart()  # loads the bindings, or says how to install them
     count = call("cudaGetDeviceCount")
     if index >= count:
         raise CudaError(f"CUDA device {index} does not exist ({count} device(s) present)")

@@ -21,9 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from personaplex_edge.streams import (AGENT_FIRST, DELAYS, NUM_STREAMS, SILENCE_TOKENS,
-                                      SINE_TOKENS, TEXT_PAD, TEXT_STREAM, USER_FIRST,
-                                      ZERO_TOKEN)
+from personaplex_edge.streams import (AGENT_FIRST, DELAYS, NUM_STREAMS, SINE_TOKENS,
+                                      TEXT_STREAM, USER_FIRST, ZERO_TOKEN)
 
 SILENCE_FRAMES = 6  # 0.5 s at 12.5 Hz, before and after the text prompt
 SYSTEM_TAG = "<system>"

@@ -23,8 +23,8 @@ import numpy as np
 
 from personaplex_edge.errors import PersonaPlexError
 from personaplex_edge.manifest import Manifest, load_model_dir
-from personaplex_edge.streams import (AGENT_FIRST, SILENCE_TOKENS, SINE_TOKENS, TEXT_PAD,
-                                      TEXT_STREAM, USER_FIRST, TokenRing)
+from personaplex_edge.streams import (AGENT_FIRST, SILENCE_TOKENS, TEXT_PAD, TEXT_STREAM,
+                                      USER_FIRST, TokenRing)
 
 from .codec import Codec
 from .metrics import FrameMetrics

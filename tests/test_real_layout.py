@@ -12,13 +12,11 @@ offline, truncated, disk full) and the memory bound of the frugal LM export at d
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -31,6 +29,7 @@ from personaplex_edge.errors import CheckpointError, VoiceError
 from personaplex_edge.export import hub
 from personaplex_edge.export.hub import (CONFIG_FILE, LM_FILE, MIMI_FILE, TOKENIZER_FILE,
                                          VOICES_FILE, resolve_checkpoint)
+from personaplex_edge.export.synthetic import write_voices_tgz
 from personaplex_edge.manifest import load_model_dir
 from personaplex_edge.streams import NUM_STREAMS
 
@@ -55,17 +54,6 @@ def _voice_prompts(ref, cfg, seed=3) -> dict[str, dict[str, torch.Tensor]]:
     return out
 
 
-def _write_voices_tgz(path: Path, voices: dict) -> None:
-    with tarfile.open(path, "w:gz") as tar:
-        for name, state in voices.items():
-            buf = io.BytesIO()
-            torch.save(state, buf)
-            info = tarfile.TarInfo(f"voices/{name}.pt")
-            info.size = buf.tell()
-            buf.seek(0)
-            tar.addfile(info, buf)
-
-
 @pytest.fixture(scope="module")
 def published(tmp_path_factory, tiny_codec_checkpoint):
     """(checkpoint directory, voice prompts as saved)."""
@@ -78,7 +66,7 @@ def published(tmp_path_factory, tiny_codec_checkpoint):
     shutil.copyfile(bundle.checkpoint, root / LM_FILE)
     train_tokenizer(root / TOKENIZER_FILE)
     voices = _voice_prompts(bundle.ref, bundle.cfg)
-    _write_voices_tgz(root / VOICES_FILE, voices)
+    write_voices_tgz(root / VOICES_FILE, voices)
     return root, voices
 
 
