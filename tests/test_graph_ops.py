@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 from conftest_lm import lm_bundle, lm_graphs
 
-from personaplex_edge.config import preset
-from personaplex_edge.export.onnx_export import export_step, graph_ops
+from personaplex_edge.export.onnx_export import graph_ops
 
 OPS_FILE = Path(__file__).resolve().parents[1] / "export" / "trt_onnx_ops.txt"
 FORBIDDEN = {"If", "Loop", "Scan"}  # control flow: shapes and work must not depend on data
@@ -21,27 +20,9 @@ def trt_ops() -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def codec_graphs(tmp_path_factory) -> list[Path]:
-    import torch
-    from moshi_reference import reference_mimi, save_published
-
-    from personaplex_edge.export.mimi import load_mimi
-    from personaplex_edge.manifest import TensorSpec
-
-    cfg = preset("tiny").mimi
-    out = tmp_path_factory.mktemp("codec_ops")
-    mimi = load_mimi(save_published(reference_mimi(cfg), out / "mimi.safetensors"), cfg)
-    pcm = torch.zeros(1, 1, cfg.frame_size)
-    codes = torch.zeros(1, cfg.num_codebooks, dtype=torch.int64)
-    paths = []
-    for name, fn, spec, example, output, state in (
-            ("mimi_encoder", mimi.encode_step, TensorSpec("pcm", tuple(pcm.shape), "float32"),
-             pcm, "codes", mimi.encoder_state(1)),
-            ("mimi_decoder", mimi.decode_step, TensorSpec("codes", tuple(codes.shape), "int64"),
-             codes, "pcm", mimi.decoder_state(1))):
-        entry = export_step(mimi, fn, [(spec, example)], [output], state, out / f"{name}.onnx")
-        paths.append(out / entry.file)
-    return paths
+def codec_graphs(tiny_codec_dir) -> list[Path]:
+    """The tiny codec's graphs as `export` writes them."""
+    return [tiny_codec_dir / "mimi_encoder.onnx", tiny_codec_dir / "mimi_decoder.onnx"]
 
 
 @pytest.fixture(scope="module")
