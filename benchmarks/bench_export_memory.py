@@ -2,7 +2,7 @@
 
 For each temporal layer count, a synthetic checkpoint in the published layout (d 4096, text vocab
 32000/32001, the real 16-step depformer, bf16, the real key names) is written by one process and
-exported by another, whose peak resident size (ru_maxrss) is the number reported: graph tracing,
+exported by another, whose peak resident size (VmHWM) is the number reported: graph tracing,
 weight writing and the onnxruntime-vs-torch check included. The 7B's 32 layers follow the same
 per-layer cost; the target is peak RSS <= 1.3 x written weight bytes + 1 GB.
 
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 _CHILD = r"""
-import json, os, resource, sys, time
+import json, os, sys, time
 os.environ.setdefault("NO_TORCH_COMPILE", "1")
 from personaplex_edge.config import PersonaPlexConfig
 cfg = PersonaPlexConfig.from_dict(json.loads(sys.argv[2]))
@@ -36,7 +36,9 @@ if sys.argv[1] == "write":
     sys.exit(0)
 from personaplex_edge.export.lm import export_lm_graphs_frugal
 def rss():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # VmHWM: this address space's own peak (ru_maxrss would include the forking parent's)
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 base = rss()
 t0 = time.perf_counter()
 export_lm_graphs_frugal(cfg, sys.argv[3], sys.argv[4], verify=sys.argv[5] == "1",

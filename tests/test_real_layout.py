@@ -334,7 +334,7 @@ def test_hub_download_that_cannot_fit(fake_hub):
 # ---- the memory bound ----------------------------------------------------------------------------
 
 _RSS_CHILD = r"""
-import glob, json, os, resource, sys
+import glob, json, os, sys
 os.environ.setdefault("NO_TORCH_COMPILE", "1")
 from safetensors.torch import save_file
 from personaplex_edge.config import PersonaPlexConfig
@@ -345,9 +345,14 @@ if not os.path.exists(ckpt):  # its own process: the writer's memory must not co
     save_file(random_lm_tensors(cfg), ckpt)
     sys.exit(0)
 from personaplex_edge.export.lm import export_lm_graphs_frugal
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def peak_rss():
+    # VmHWM belongs to this process's own address space, new at exec; ru_maxrss would carry
+    # the forking parent's resident size (a big pytest process) into the child
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+base = peak_rss()
 export_lm_graphs_frugal(cfg, ckpt, out)
-print(json.dumps({"base": base, "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+print(json.dumps({"base": base, "peak": peak_rss(),
                   "written": sum(os.path.getsize(p) for p in glob.glob(out + "/*.onnx.data"))}))
 """
 
