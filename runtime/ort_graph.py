@@ -5,7 +5,8 @@ device, and bound with IO binding. State ping-pongs between two buffer sets: cal
 (`past.*`) and writes set B (`present.*`), call n+1 the reverse, so no state is copied or
 allocated per frame and the graph never reads a buffer it is writing. Per call only the small
 inputs are copied in (`np.copyto` into a bound host buffer, or one host-to-device copy) and the
-small outputs read back.
+small outputs read back. KV rings are read whole by the graph, which returns only the call's new
+rows; `run()` writes those in place at their slots (see RingSpec), so no ring is ever copied.
 """
 
 from __future__ import annotations
@@ -160,11 +161,11 @@ class OrtGraph:
         value = self._state[self._turn][spec.position.removeprefix("past.")]
         return int(value.numpy().flat[0])
 
-    def write_rings(self, position: int | None = None) -> None:
+    def _write_rings(self) -> None:
         """Stores the last call's new K/V rows in place at their slots of each ring."""
         for r in self.entry.rings:
-            p = self._positions[r.input_name] if position is None else position
-            r.write(self.rings[r.input_name].numpy(), self._rows[r.output_name].numpy(), p)
+            r.write(self.rings[r.input_name].numpy(), self._rows[r.output_name].numpy(),
+                    self._positions[r.input_name])
 
     # -- per call -------------------------------------------------------------------------------
     def run(self) -> dict[str, np.ndarray]:
@@ -175,7 +176,7 @@ class OrtGraph:
             self._positions[r.input_name] = self.ring_position(r)
         self.session.run_with_iobinding(self._bindings[self._turn])
         self._turn = 1 - self._turn
-        self.write_rings()
+        self._write_rings()
         if self.device != "cpu":
             for name, value in self._dev_outputs.items():
                 np.copyto(self.outputs[name], value.numpy())
