@@ -92,6 +92,10 @@ class StreamConvTranspose1d(Stateful):
         self.convtr = nn.ConvTranspose1d(in_channels, out_channels, kernel_size, stride,
                                          groups=groups, bias=bias)
         self.overlap = kernel_size - stride
+        # With kernel = 2 x stride (all of Mimi's dense ones) the transposed conv is one MatMul
+        # per input step plus an overlap-add of two halves: onnxruntime runs that MatMul on
+        # prepacked weights, much faster than its ConvTranspose on a handful of steps.
+        self.as_matmul = groups == 1 and kernel_size == 2 * stride
 
     def own_state(self, batch: int) -> list[StateSpec]:
         if self.overlap <= 0:
@@ -100,6 +104,8 @@ class StreamConvTranspose1d(Stateful):
                           (batch, self.convtr.out_channels, self.overlap), "float32")]
 
     def forward(self, x: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        if self.as_matmul:
+            return self._forward_matmul(x, state)
         y = self.convtr(x)  # [B, C_out, (T - 1) * stride + kernel]
         if self.overlap <= 0:
             return y, {}
@@ -111,6 +117,20 @@ class StreamConvTranspose1d(Stateful):
         if self.convtr.bias is not None:
             rest = rest - self.convtr.bias[:, None]
         return torch.cat([head, body], dim=-1), {f"{self.state_key}.tail": rest}
+
+    def _forward_matmul(self, x: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        B, C, T = x.shape
+        w = self.convtr.weight  # [C_in, C_out, 2S]
+        C_out, S = w.shape[1], self.convtr.stride[0]
+        z = torch.matmul(x.transpose(1, 2), w.reshape(C, C_out * 2 * S))  # [B, T, C_out*2S]
+        z = z.reshape(B, T, C_out, 2, S)
+        first, second = z[:, :, :, 0], z[:, :, :, 1]  # [B, T, C_out, S] each
+        tail = state[f"{self.state_key}.tail"]  # [B, C_out, S]: last call's second half
+        earlier = torch.cat([tail[:, None], second[:, :-1]], dim=1)  # [B, T, C_out, S]
+        y = (first + earlier).permute(0, 2, 1, 3).reshape(B, C_out, T * S)  # [B, C_out, T*S]
+        if self.convtr.bias is not None:
+            y = y + self.convtr.bias[:, None]
+        return y, {f"{self.state_key}.tail": second[:, -1]}
 
 
 def advance(state: State, new: State, rings: list[RingSpec]) -> None:
