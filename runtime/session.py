@@ -185,12 +185,9 @@ class Session:
         for noise in self._noise:
             noise.fill()
         self._temporal(ring.step_input(), plan.embeddings[last])
-        text = self.helium.outputs["text_token"]
-        np.copyto(self._d["hidden"], self.helium.outputs["hidden"])
-        np.copyto(self._d["text_token"], text)
-        agent = self.depformer.run()["audio_tokens"].copy()  # [1, 8]
+        agent = self._depformer().copy()  # [1, 8]
         agent[:, 1:] = plan.pending[AGENT_FIRST + 1:USER_FIRST]
-        ring.write_generated(text, agent)
+        ring.write_generated(self.helium.outputs["text_token"], agent)
 
     # -- the frame --------------------------------------------------------------------------
     def _temporal(self, tokens: np.ndarray, extra: np.ndarray | None) -> None:
@@ -203,30 +200,27 @@ class Session:
         h["position"][...] = self.ring.position
         self.helium.run()  # also writes the step's K/V rows into the rings
 
-    def step_tokens(self, user_codes: np.ndarray, forced_text: int | None = None,
-                    forced_agent: np.ndarray | None = None,
-                    extra: np.ndarray | None = None) -> np.ndarray | None:
-        """One temporal step from the user's codes [8]; the model samples text and agent codes
-        unless they are forced (prompts). Returns the newest complete agent frame [9] (text,
-        cb0..7) or None while the first frame is still incomplete."""
+    def _depformer(self) -> np.ndarray:
+        """The agent's 8 codes [1, 8] from the temporal step just run (a view)."""
+        np.copyto(self._d["hidden"], self.helium.outputs["hidden"])
+        np.copyto(self._d["text_token"], self.helium.outputs["text_token"])
+        return self.depformer.run()["audio_tokens"]
+
+    def step_tokens(self, user_codes: np.ndarray) -> np.ndarray | None:
+        """One temporal step from the user's codes [8]; the model samples text and agent codes.
+        Returns the newest complete agent frame [9] (text, cb0..7) or None while the first
+        frame is still incomplete."""
         m = self.metrics
         for noise in self._noise:
             noise.fill()
         self.ring.write_user(user_codes)
         tokens = self.ring.step_input()
         m.mark("host")
-        self._temporal(tokens, extra)
-        text = self.helium.outputs["text_token"] if forced_text is None else \
-            np.full((1,), forced_text, np.int64)
+        self._temporal(tokens, None)
         m.mark("temporal")
-        if forced_agent is None:
-            np.copyto(self._d["hidden"], self.helium.outputs["hidden"])
-            np.copyto(self._d["text_token"], text)
-            agent = self.depformer.run()["audio_tokens"]
-            m.mark("depformer")
-        else:
-            agent = forced_agent
-        self.ring.write_generated(text, agent)
+        agent = self._depformer()
+        m.mark("depformer")
+        self.ring.write_generated(self.helium.outputs["text_token"], agent)
         out = self.ring.output()
         self.last_frame = None if out is None else out[0]  # [9]: text, agent cb0..7
         return self.last_frame

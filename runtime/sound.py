@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-import numpy as np
 
 from personaplex_edge.errors import AudioDeviceError, PersonaPlexError
 
@@ -137,7 +136,3 @@ def run_on_devices(step: FrameStep, input_device=None, output_device=None,
     loop.stats.interrupted = interrupted
     return loop
 
-
-def silence_step(frame: np.ndarray) -> np.ndarray:
-    """A step that answers silence (for checking devices)."""
-    return np.zeros_like(frame)
