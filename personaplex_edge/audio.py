@@ -8,14 +8,12 @@ streaming device audio, so offline and live paths resample identically.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from .errors import AudioError
-from .manifest import default_mode
+from .manifest import atomic_file
 
 MODEL_RATE = 24000  # Hz; Mimi's rate
 
@@ -83,29 +81,11 @@ def write_audio(path: str | Path, pcm: np.ndarray, rate: int = MODEL_RATE) -> No
     file, and an error leaves no file behind."""
     import soundfile as sf
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".wav")
-    os.close(fd)
-    try:
-        sf.write(tmp, np.clip(pcm, -1.0, 1.0), rate, subtype="PCM_16", format="WAV")
-        os.chmod(tmp, default_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path, suffix=".wav") as tmp:
+        sf.write(str(tmp), np.clip(pcm, -1.0, 1.0), rate, subtype="PCM_16", format="WAV")
 
 
 def save_array_atomic(path: str | Path, array: np.ndarray) -> None:
     """np.save, atomically (same guarantees as write_audio)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".npy")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, array)
-        os.chmod(tmp, default_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path, suffix=".npy") as tmp:
+        np.save(tmp, array)

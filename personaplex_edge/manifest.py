@@ -301,16 +301,27 @@ def default_mode(directory: bool = False) -> int:
     return (0o777 if directory else 0o666) & ~_umask()
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+@contextmanager
+def atomic_file(path: str | Path, suffix: str = "") -> Iterator[Path]:
+    """Yields a temporary path beside `path`; write it, and on success it replaces `path` in
+    one rename (with the mode a plain open() would give). On any failure it is removed: a
+    reader never sees half a file and an error leaves no file behind."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        yield Path(tmp)
         os.chmod(tmp, default_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    with atomic_file(path) as tmp:
+        tmp.write_text(text)
 
 
 @contextmanager
