@@ -65,7 +65,7 @@ def export_lm(ckpt: CheckpointFiles, out: Path, batch: int, progress: Progress,
                                      progress=progress)
     for name, entry in graphs.items():
         graphs[name] = entry.split_rings()
-    progress(f"  helium_step.onnx, depformer_step.onnx: checked against torch "
+    progress(f"  helium_step.onnx, depformer_step.onnx: written, check {verify} "
              f"({time.perf_counter() - t0:.1f} s)")
     return graphs
 
