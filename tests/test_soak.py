@@ -14,7 +14,8 @@ from soak import soak  # noqa: E402
 def test_no_latency_ramp_no_memory_growth_past_the_context(demo_model_dir):
     r = soak(demo_model_dir, frames=1500, window=300, warmup=100)
     assert r["final_position"] > 2 * r["context"]  # the KV ring wrapped at least twice
-    # robust to a busy neighbour on a shared 2-core machine (see soak.py); the benchmark's
-    # 10,000 frames hold the median to 10%
-    assert r["ramp_p5"] < 1.25, r
+    # the paired ratio, not first-vs-last window: a busy neighbour on a shared machine slows both
+    # sessions of a pair alike (see soak.py)
+    assert r["young_position"] < r["context"] < r["final_position"] / 2
+    assert r["paired_ratio"] < 1.2, r
     assert r["rss_mb_end"] - r["rss_mb_after_warmup"] < 20, r["rss_samples"]
