@@ -92,6 +92,7 @@ class Session:
         self.sampling = sampling
         self.set_sampling(sampling)
         self.last_frame: np.ndarray | None = None
+        self._extra_set = True  # the bound buffer's content is not known to be zeros yet
 
     @classmethod
     def load(cls, model_dir: str | Path, sampling: SamplingParams = SamplingParams(),
@@ -193,10 +194,12 @@ class Session:
     def _temporal(self, tokens: np.ndarray, extra: np.ndarray | None) -> None:
         h = self._h
         np.copyto(h["tokens"], tokens)
-        if extra is None:
-            h["extra_embedding"][...] = 0.0
-        else:
+        if extra is not None:
             np.copyto(h["extra_embedding"], extra.reshape(h["extra_embedding"].shape))
+            self._extra_set = True
+        elif self._extra_set:  # zeroed once after a voice prompt, not rewritten every frame
+            h["extra_embedding"][...] = 0.0
+            self._extra_set = False
         h["position"][...] = self.ring.position
         self.helium.run()  # also writes the step's K/V rows into the rings
 
