@@ -118,77 +118,107 @@ def _session(args, progress=print):
                          args.device, args.threads, progress)
 
 
-def cmd_run(args) -> int:
-    """Offline: a wav in, the model's answer out (same length), text per frame."""
-    import json
+class _Conversation:
+    """The text side of a conversation: per-frame records for --text-out and the transcript,
+    from each step's token."""
 
-    import numpy as np
+    def __init__(self, session, records: bool = False, echo: bool = False):
+        from .runtime.text import TextTokenizer
 
-    from .audio import read_audio, write_audio
-    from .manifest import write_text_atomic
-    from .runtime.metrics import format_summary
-    from .runtime.text import TextTokenizer
+        self.session = session
+        self.text = TextTokenizer(session.model_dir, session.manifest)
+        self.records: list[str] | None = [] if records else None  # not kept by a live session
+        self.transcript: list[str] = []
+        self.echo = echo  # print pieces as they come (live)
 
-    pcm = read_audio(args.input)  # before the model loads: a bad file fails fast
-    session = _session(args)
-    text = TextTokenizer(session.model_dir, session.manifest)
-    frame = session.frame_size
-    frames = -(-pcm.shape[0] // frame)
-    padded = np.zeros(frames * frame, np.float32)
-    padded[:pcm.shape[0]] = pcm
-    out = np.empty_like(padded)
-    records, transcript = [], []
-    for i in range(frames):
-        audio, token = session.step(padded[i * frame:(i + 1) * frame])
-        out[i * frame:(i + 1) * frame] = audio
-        records.append(text.record(token))
-        transcript.append(text.piece(token) if token is not None else "")
-    write_audio(args.output, out[:pcm.shape[0]])
-    if args.text_out:
-        write_text_atomic(Path(args.text_out), json.dumps(records, ensure_ascii=False))
-    print("".join(transcript).strip() or "(no text)")
-    print(format_summary(session.metrics.summary()))
-    return 0
-
-
-def cmd_mic(args) -> int:
-    """Full duplex on the sound devices until Ctrl-C (or --duration seconds)."""
-    from .runtime.metrics import format_summary
-    from .runtime.sound import run_on_devices
-    from .runtime.text import TextTokenizer
-
-    session = _session(args, progress=lambda m: print(m, file=sys.stderr))
-    text = TextTokenizer(session.model_dir, session.manifest)
-    transcript: list[str] = []
-    live = sys.stderr.isatty()
-
-    def step(frame):
-        audio, token = session.step(frame)
-        if token is not None:
-            piece = text.piece(token)
-            if piece:
-                transcript.append(piece)
+    def step(self, frame):
+        audio, token = self.session.step(frame)
+        if self.records is not None:
+            self.records.append(self.text.record(token))
+        piece = self.text.piece(token) if token is not None else ""
+        if piece:
+            self.transcript.append(piece)
+            if self.echo:
                 print(piece, end="", flush=True)
         return audio
 
-    def status(loop):
-        s = loop.stats
-        t = s.timing.summary(last=100)
-        frame_ms = t.get("frame", {"p50": 0.0, "p99": 0.0})
-        line = (f"frames {s.frames}  frame {frame_ms['p50']:.1f}/{frame_ms['p99']:.1f} ms "
-                f"(p50/p99)  dropped {s.dropped_frames}  underruns {s.underruns}")
-        print(("\r" + line + "   ") if live else line, end="" if live else "\n", file=sys.stderr,
-              flush=True)
+    def write_text(self, path: str | None) -> None:
+        import json
 
-    print("listening; Ctrl-C to stop", file=sys.stderr)
-    loop = run_on_devices(step, args.input_device, args.output_device, duration=args.duration,
-                          on_tick=status, max_backlog_frames=args.max_backlog_frames)
+        from .manifest import write_text_atomic
+
+        if path and self.records is not None:
+            write_text_atomic(Path(path), json.dumps(self.records, ensure_ascii=False))
+
+
+def _live_status(loop) -> None:
+    """The status line of a live loop: frame times over the last 100 frames, drops, underruns."""
+    s = loop.stats
+    t = s.timing.summary(last=100)
+    frame_ms = t.get("frame", {"p50": 0.0, "p99": 0.0})
+    line = (f"frames {s.frames}  frame {frame_ms['p50']:.1f}/{frame_ms['p99']:.1f} ms "
+            f"(p50/p99)  dropped {s.dropped_frames}  underruns {s.underruns}")
+    live = sys.stderr.isatty()
+    print(("\r" + line + "   ") if live else line, end="" if live else "\n", file=sys.stderr,
+          flush=True)
+
+
+def _live_summary(loop, session) -> None:
+    from .runtime.metrics import format_summary
+
     s = loop.stats
     print(file=sys.stderr)
     print(f"{'stopped' if s.interrupted else 'done'}: {s.frames} frames, {s.dropped_frames} "
           f"dropped, {s.underruns} underruns, {s.input_overflows} input overflows",
           file=sys.stderr)
     print(format_summary(session.metrics.summary()), file=sys.stderr)
+
+
+def cmd_run(args) -> int:
+    """A recording in, the model's answer out (same length), text per frame: as fast as the
+    machine goes, or with --realtime through the live loop at the pace of a microphone."""
+    import numpy as np
+
+    from .audio import read_audio, write_audio
+    from .runtime.metrics import format_summary
+
+    pcm = read_audio(args.input)  # before the model loads: a bad file fails fast
+    session = _session(args)
+    talk = _Conversation(session, records=bool(args.text_out))
+    if args.realtime:
+        from .runtime.paced_file import run_paced
+
+        out, loop = run_paced(talk.step, pcm, frame_size=session.frame_size,
+                              max_backlog_frames=args.max_backlog_frames, on_tick=_live_status)
+    else:
+        frame = session.frame_size
+        frames = -(-pcm.shape[0] // frame)
+        padded = np.zeros(frames * frame, np.float32)
+        padded[:pcm.shape[0]] = pcm
+        out = np.empty_like(padded)
+        for i in range(frames):
+            out[i * frame:(i + 1) * frame] = talk.step(padded[i * frame:(i + 1) * frame])
+    write_audio(args.output, out[:pcm.shape[0]])
+    talk.write_text(args.text_out)
+    print("".join(talk.transcript).strip() or "(no text)")
+    if args.realtime:
+        _live_summary(loop, session)
+    else:
+        print(format_summary(session.metrics.summary()))
+    return 0
+
+
+def cmd_mic(args) -> int:
+    """Full duplex on the sound devices until Ctrl-C (or --duration seconds)."""
+    from .runtime.sound import run_on_devices
+
+    session = _session(args, progress=lambda m: print(m, file=sys.stderr))
+    talk = _Conversation(session, echo=True)
+    print("listening; Ctrl-C to stop", file=sys.stderr)
+    loop = run_on_devices(talk.step, args.input_device, args.output_device,
+                          duration=args.duration, on_tick=_live_status,
+                          max_backlog_frames=args.max_backlog_frames)
+    _live_summary(loop, session)
     return 0
 
 
@@ -252,6 +282,11 @@ def _add_session_args(p: argparse.ArgumentParser, model_default: str | None = No
     _add_runtime_args(p)
 
 
+def _add_backlog_arg(p) -> None:
+    p.add_argument("--max-backlog-frames", type=int, default=2,
+                   help="input frames allowed to wait before the oldest are dropped (2)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="personaplex-edge",
@@ -297,6 +332,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--input", required=True, help="what the user says (audio file)")
     r.add_argument("--output", required=True, help="the model's answer (24 kHz wav, same length)")
     r.add_argument("--text-out", help="per-frame text as JSON (piece, \"PAD\" or \"EPAD\")")
+    r.add_argument("--realtime", action="store_true",
+                   help="play the input through the live loop at the pace of a microphone "
+                        "(drops and underruns as live; no sound device needed)")
+    _add_backlog_arg(r)
     r.set_defaults(func=cmd_run)
 
     m = sub.add_parser("mic", help="talk with the model through the microphone and speaker "
@@ -305,8 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--input-device", help="index or part of the name (see 'devices')")
     m.add_argument("--output-device", help="index or part of the name (see 'devices')")
     m.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
-    m.add_argument("--max-backlog-frames", type=int, default=2,
-                   help="input frames allowed to wait before the oldest are dropped (2)")
+    _add_backlog_arg(m)
     m.set_defaults(func=cmd_mic)
 
     b = sub.add_parser("bench", help="per-stage timings: p50/p90/p99/max, over-budget frames")

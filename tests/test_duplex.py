@@ -8,6 +8,7 @@ import numpy as np
 
 from personaplex_edge.runtime.duplex import DuplexLoop
 from personaplex_edge.runtime.metrics import FrameMetrics
+from personaplex_edge.runtime.paced_file import run_paced
 from personaplex_edge.runtime.ring import SampleRing
 
 FRAME = 1920
@@ -141,3 +142,36 @@ def test_frame_metrics_percentiles_and_budget():
     s = m.summary()
     assert s["frames"] == 8 and s["encode"]["max"] == 110.0
     assert s["over_budget"] == 0  # recorded wall time is tiny; stage values are not wall time
+
+
+def test_paced_file_is_heard_in_real_time_and_answered_after_the_loop_latency():
+    """An identity step through the paced file device: the speaker plays the recording back,
+    shifted by the loop's latency (a frame to collect, the start-up buffer), not faster than
+    real time, and with nothing lost or repeated."""
+    rate, seconds = 24000, 1.6
+    pcm = (np.random.default_rng(1).standard_normal(int(rate * seconds)) * 0.1).astype(np.float32)
+    t0 = time.monotonic()
+    played, loop = run_paced(lambda frame: frame, pcm, block_seconds=0.02, tail_seconds=0.25)
+    wall = time.monotonic() - t0
+    assert wall >= seconds + 0.25 - 0.03  # paced by the clock, not as fast as it can
+    assert loop.stats.dropped_frames == 0 and loop.stats.underruns == 0
+    # the lag of the echo, from the cross-correlation of the two signals
+    spectrum = np.fft.rfft(played, 2 * played.size) * np.conj(np.fft.rfft(pcm, 2 * played.size))
+    lag = int(np.argmax(np.fft.irfft(spectrum)[:played.size]))
+    assert FRAME <= lag <= 2 * FRAME + 2 * 480, lag  # one frame collected + one of buffer
+    n = pcm.size - 2 * FRAME  # the frames whose echo came back before the end
+    np.testing.assert_array_equal(played[lag:lag + n], pcm[:n])
+    assert not np.any(played[:lag - FRAME])  # silence before the first answer
+
+
+def test_paced_file_with_a_slow_step_drops_frames_like_a_live_device():
+    def slow(frame):
+        time.sleep(0.15)  # nearly two frames' time per frame
+        return frame
+
+    pcm = np.zeros(int(24000 * 2.0), np.float32)
+    played, loop = run_paced(slow, pcm, block_seconds=0.02)
+    s = loop.stats
+    assert played.shape == pcm.shape
+    assert s.dropped_frames >= 5 and s.frames <= 15
+    assert s.max_backlog_frames <= loop.max_backlog_frames + 3

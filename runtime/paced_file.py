@@ -1,0 +1,58 @@
+"""A recording played through the live loop in real time, as if a microphone heard it.
+
+The offline `run` steps the session as fast as it can, so it cannot say whether a machine keeps
+up with a conversation. This module is a virtual sound card clocked by the host's monotonic
+clock: every block of the recording goes into the duplex loop when a microphone would have
+delivered it, and a block of output is taken when a speaker would have asked for it. Everything
+the live path does happens: frames dropped when the worker falls behind, underruns, the start-up
+buffer. No sound hardware is needed (CI machines, headless boards).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+
+from .duplex import DuplexLoop, FrameStep
+
+
+def run_paced(step: FrameStep, pcm: np.ndarray, model_rate: int = 24000,
+              frame_size: int = 1920, block_seconds: float = 0.02,
+              max_backlog_frames: int = 2, tail_seconds: float = 0.0,
+              on_tick: Callable[[DuplexLoop], None] | None = None,
+              tick_seconds: float = 0.5) -> tuple[np.ndarray, DuplexLoop]:
+    """Plays pcm [N] f32 at `model_rate` into the loop in real time, `block_seconds` per
+    callback, then `tail_seconds` of silence (so the answer to the end of the recording is
+    heard). Returns (what the speaker played [N + tail] f32, the loop with its stats)."""
+    block = max(1, int(round(block_seconds * model_rate)))
+    tail = int(round(tail_seconds * model_rate))
+    blocks = -(-(pcm.shape[0] + tail) // block)
+    heard = np.zeros(blocks * block, np.float32)  # [blocks * block]
+    played = np.zeros(blocks * block, np.float32)  # [blocks * block]
+    heard[:pcm.shape[0]] = pcm
+    loop = DuplexLoop(step, frame_size=frame_size, model_rate=model_rate,
+                      max_backlog_frames=max_backlog_frames)
+    period = block / model_rate
+    loop.start()
+    t0 = time.monotonic()
+    next_tick = t0 + tick_seconds
+    try:
+        for k in range(blocks):
+            # sleep until the device clock reaches block k; a late wake-up is not made up
+            # by sleeping less later: the clock, not the loop, sets the pace
+            delay = t0 + k * period - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            if loop.failed():
+                break
+            loop.on_input(heard[k * block:(k + 1) * block])
+            loop.on_output(played[k * block:(k + 1) * block])
+            if on_tick is not None and time.monotonic() >= next_tick:
+                on_tick(loop)
+                next_tick += tick_seconds
+    except KeyboardInterrupt:
+        loop.stats.interrupted = True
+    loop.stop()  # re-raises a worker error
+    return played[:pcm.shape[0] + tail], loop
