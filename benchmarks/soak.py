@@ -116,8 +116,9 @@ def main() -> None:
           f"{r['final_position']}")
     print(f"frame p50: first 1000 {r['first_p50_ms']:.2f} ms, last 1000 {r['last_p50_ms']:.2f} ms,"
           f" ratio {r['ramp']:.3f}")
-    print(f"paired: old session (position {r['final_position']}) vs a fresh one (position < "
-          f"{r['young_position']}), stepped alternately, median per-pair ratio "
+    print(f"paired: old session (position {r['final_position']}) vs a fresh one (ring not yet "
+          f"full: position {r['young_position']} at the end), stepped alternately, median "
+          f"per-pair ratio "
           f"{r['paired_ratio']:.3f} over {r['pairs']} pairs (flat: within 1.10)")
     print("frame p50 per 1000 frames: " + " ".join(f"{v:.2f}" for v in r["p50_per_window_ms"]))
     print(f"RSS: {r['rss_mb_after_warmup']:.1f} MB after warm-up, {r['rss_mb_end']:.1f} MB at the "
