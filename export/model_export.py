@@ -12,8 +12,8 @@ from typing import Callable
 import torch
 
 from personaplex_edge.errors import PersonaPlexError
-from personaplex_edge.manifest import (GraphEntry, Manifest, TensorSpec, sha256_file,
-                                       staged_dir, write_manifest)
+from personaplex_edge.manifest import (GraphEntry, Manifest, TensorSpec, load_model_dir,
+                                       sha256_file, staged_dir, write_manifest)
 
 from .hub import CheckpointFiles
 from .mimi import Mimi, load_mimi
@@ -153,5 +153,8 @@ def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "f
 
             manifest = build(stage, manifest, progress=progress)
         write_manifest(stage, manifest)
+        # read back as the runtime will: every file against its hash (which also stamps them,
+        # so the first conversation does not hash the whole model again)
+        load_model_dir(stage, progress=progress)
     progress(f"wrote {out_dir} ({', '.join(manifest.contents)})")
     return manifest

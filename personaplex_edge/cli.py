@@ -83,7 +83,11 @@ def cmd_codec(args) -> int:
 
     if args.codes_out is None and args.output is None:
         raise PersonaPlexError("nothing to write: give --codes-out and/or --output")
-    codec = Codec.load(resolve_model(args.model), device=args.device, threads=args.threads)
+    def note(message: str) -> None:
+        print(message, file=sys.stderr)
+
+    codec = Codec.load(resolve_model(args.model, note), device=args.device, threads=args.threads,
+                       progress=note)
     pcm = read_audio(args.input, codec.sample_rate)
     t0 = time.perf_counter()
     codes = codec.encode(pcm)

@@ -21,7 +21,7 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from . import __version__
 from .config import PersonaPlexConfig
@@ -229,13 +229,18 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
-def _verify_files(model_dir: Path, expected: dict[str, str]) -> None:
+# Hashing this much is worth a line: the 7B in fp16 takes a minute or more on a board's storage.
+HASH_REPORT_BYTES = 512 << 20
+
+
+def _verify_files(model_dir: Path, expected: dict[str, str],
+                  progress: Callable[[str], None] | None = None) -> None:
     stamp_path = model_dir / _VERIFIED_STAMP
     try:
         stamps = json.loads(stamp_path.read_text())
     except (OSError, json.JSONDecodeError):
         stamps = {}
-    changed = False
+    todo = []  # (rel, digest, stamp key) of the files not verified since they last changed
     for rel, digest in expected.items():
         path = model_dir / rel
         if not path.is_file():
@@ -243,25 +248,32 @@ def _verify_files(model_dir: Path, expected: dict[str, str]) -> None:
                                 "directory is incomplete, export it again")
         st = path.stat()
         key = [st.st_size, st.st_mtime_ns, digest]
-        if stamps.get(rel) == key:
-            continue
-        actual = sha256_file(path)
+        if stamps.get(rel) != key:
+            todo.append((rel, digest, key))
+    total = sum(key[0] for _, _, key in todo)
+    if progress is not None and total >= HASH_REPORT_BYTES:
+        progress(f"checking {total / 1e9:.1f} GB of model files against their sha256 in "
+                 f"{MANIFEST} (once: remembered in {_VERIFIED_STAMP})")
+    for rel, digest, key in todo:
+        actual = sha256_file(model_dir / rel)
         if actual != digest:
             raise ModelDirError(
                 f"{model_dir}: '{rel}' does not match its sha256 in {MANIFEST} (expected "
                 f"{digest[:12]}..., found {actual[:12]}...): the file was changed or corrupted; "
                 "export the model again")
         stamps[rel] = key
-        changed = True
-    if changed:
+    if todo:
         try:
             write_text_atomic(stamp_path, json.dumps(stamps))
         except OSError:
             pass  # a read-only model directory is fine: it is hashed again next time
 
 
-def load_model_dir(model_dir: str | Path, need: str | None = None) -> Manifest:
-    """Reads and checks a model directory; `need` names a capability it must have."""
+def load_model_dir(model_dir: str | Path, need: str | None = None,
+                   progress: Callable[[str], None] | None = None) -> Manifest:
+    """Reads and checks a model directory; `need` names a capability it must have. Files are
+    hashed the first time (reported through `progress` when that is a long read) and after any
+    change of size or mtime."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ModelDirError(f"model directory {model_dir} does not exist; create one with "
@@ -286,7 +298,7 @@ def load_model_dir(model_dir: str | Path, need: str | None = None) -> Manifest:
         files.update(g.data_files)
         if g.engine:
             files[g.engine["file"]] = g.engine["sha256"]
-    _verify_files(model_dir, files)
+    _verify_files(model_dir, files, progress)
     return manifest
 
 

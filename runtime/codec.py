@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -28,9 +29,10 @@ class Codec:
         self._codes_in = self.decoder.inputs["codes"]  # [B, n]
 
     @classmethod
-    def load(cls, model_dir: str | Path, device: str = "auto",
-             threads: int | None = None) -> "Codec":
-        return cls(model_dir, load_model_dir(model_dir, need="codec"), device, threads)
+    def load(cls, model_dir: str | Path, device: str = "auto", threads: int | None = None,
+             progress: Callable[[str], None] | None = None) -> "Codec":
+        manifest = load_model_dir(model_dir, need="codec", progress=progress)
+        return cls(model_dir, manifest, device, threads)
 
     def reset(self) -> None:
         self.encoder.reset()

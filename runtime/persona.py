@@ -49,7 +49,7 @@ def _voice_kwargs(session: Session, voice: str | None) -> dict:
 def start_session(model_dir: str | Path, persona: Persona = Persona(),
                   sampling: SamplingParams = SamplingParams(), device: str = "auto",
                   threads: int | None = None, progress=print) -> Session:
-    session = Session.load(model_dir, sampling, device, threads)
+    session = Session.load(model_dir, sampling, device, threads, progress)
     if persona.enabled:
         t0 = time.perf_counter()
         frames = session.prefill(persona.text_prompt, **_voice_kwargs(session, persona.voice))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -96,8 +97,10 @@ class Session:
 
     @classmethod
     def load(cls, model_dir: str | Path, sampling: SamplingParams = SamplingParams(),
-             device: str = "auto", threads: int | None = None) -> "Session":
-        return cls(model_dir, load_model_dir(model_dir, need="lm"), sampling, device, threads)
+             device: str = "auto", threads: int | None = None,
+             progress: Callable[[str], None] | None = None) -> "Session":
+        manifest = load_model_dir(model_dir, need="lm", progress=progress)
+        return cls(model_dir, manifest, sampling, device, threads)
 
     # -- settings ---------------------------------------------------------------------------
     def set_sampling(self, sampling: SamplingParams) -> None:

@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 from safetensors.torch import load_file, save_file
 
+from personaplex_edge import manifest as manifest_mod
 from personaplex_edge.config import PersonaPlexConfig, preset
 from personaplex_edge.errors import CheckpointError, ConfigError, ModelDirError, StateError
 from personaplex_edge.export.hub import MIMI_FILE, resolve_checkpoint
 from personaplex_edge.export.mimi import load_mimi
+from personaplex_edge.export.model_export import export_model
 from personaplex_edge.manifest import MANIFEST, load_model_dir, staged_dir
 from personaplex_edge.runtime.codec import Codec
 
@@ -100,6 +102,32 @@ def test_hash_is_checked_again_after_a_change(model_copy):
     graph.write_bytes(bytes(data))
     with pytest.raises(ModelDirError, match="does not match its sha256"):
         load_model_dir(model_copy)
+
+
+def test_export_leaves_the_files_verified_so_the_first_run_does_not_hash(
+        tiny_codec_checkpoint, tmp_path, monkeypatch):
+    out = tmp_path / "fresh"
+    export_model(resolve_checkpoint(str(tiny_codec_checkpoint), with_lm=False), out,
+                 progress=lambda s: None)
+
+    def no_hashing(path):
+        raise AssertionError(f"{path} hashed again after the export verified it")
+
+    stamps = json.loads((out / ".verified.json").read_text())
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert {g["file"] for g in manifest["graphs"].values()} <= set(stamps)
+    monkeypatch.setattr(manifest_mod, "sha256_file", no_hashing)
+    load_model_dir(out)
+
+
+def test_a_long_first_check_is_announced(model_copy, monkeypatch):
+    monkeypatch.setattr(manifest_mod, "HASH_REPORT_BYTES", 1)
+    said = []
+    load_model_dir(model_copy, progress=said.append)
+    assert len(said) == 1 and "GB of model files" in said[0]
+    said.clear()
+    load_model_dir(model_copy, progress=said.append)  # remembered: nothing to hash, no line
+    assert said == []
 
 
 def test_missing_graph_file(model_copy):
