@@ -81,28 +81,44 @@ def export_voices(ckpt: CheckpointFiles, out: Path, progress: Progress) -> str |
     return VOICES_NPZ
 
 
-def output_bytes(ckpt: CheckpointFiles) -> int:
-    """About what the model directory will take on disk (float32 graphs)."""
+# Bytes of a converted LM weight per float32 byte, scales included, rounded up from the
+# measured mid-size model (fp16 0.500, int8 0.289, int4 0.200 of the float32 bytes).
+_CONVERTED_RATIO = {"fp32": 0.0, "fp16": 0.51, "bf16": 0.51, "fp8": 0.3, "int8": 0.31,
+                    "int4": 0.22}
+
+
+def output_bytes(ckpt: CheckpointFiles, precision: str = "fp32", backend: str = "onnx") -> int:
+    """About the most the export holds on disk at once. The LM is written in float32 first;
+    converting it to `precision` writes the converted weights beside the float32 files before
+    removing them; TensorRT engines (about the size of the graph they come from) are built
+    after that, beside the converted graphs."""
     need = ckpt.mimi.stat().st_size  # Mimi is float32 already
     if ckpt.lm is not None:
         from .lm import depformer_plan, helium_plan
 
         plans = {**helium_plan(ckpt.config), **depformer_plan(ckpt.config)}
-        need += sum(p.nbytes for p in plans.values())
+        lm = sum(p.nbytes for p in plans.values())
+        converted = _CONVERTED_RATIO[precision] if precision in _CONVERTED_RATIO else 1.0
+        peak = 1 + converted
+        if backend == "tensorrt":
+            peak = max(peak, 2 * (converted or 1.0))
+        need += int(lm * peak)
         need += sum(f.stat().st_size for f in (ckpt.tokenizer, ckpt.voices) if f is not None)
     return need
 
 
-def check_output_space(ckpt: CheckpointFiles, out_dir: str | Path) -> None:
+def check_output_space(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "fp32",
+                       backend: str = "onnx") -> None:
     """Refuses to start an export whose output cannot fit on the disk it goes to."""
     probe = Path(out_dir).expanduser().absolute().parent
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
-    need, free = int(output_bytes(ckpt) * 1.02), shutil.disk_usage(probe).free
+    need = int(output_bytes(ckpt, precision, backend) * 1.02)
+    free = shutil.disk_usage(probe).free
     if need > free:
-        raise PersonaPlexError(f"the export needs ~{need / 1e9:.1f} GB in {probe}, which has "
-                               f"{free / 1e9:.1f} GB free: free some space or choose another "
-                               "--out")
+        raise PersonaPlexError(f"the export ({precision}, {backend}) needs ~{need / 1e9:.1f} GB "
+                               f"in {probe} at its peak, which has {free / 1e9:.1f} GB free: "
+                               "free some space or choose another --out")
 
 
 def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "fp32",
@@ -123,7 +139,7 @@ def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "f
     if verify not in VERIFY:
         raise PersonaPlexError(f"verify {verify!r} is not one of {', '.join(VERIFY)}")
     cfg = ckpt.config
-    check_output_space(ckpt, out_dir)
+    check_output_space(ckpt, out_dir, precision, backend)
     progress(f"loading Mimi from {ckpt.mimi}")
     mimi = load_mimi(ckpt.mimi, cfg.mimi)
     with staged_dir(out_dir) as stage:
