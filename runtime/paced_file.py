@@ -20,12 +20,13 @@ from .duplex import DuplexLoop, FrameStep
 
 def run_paced(step: FrameStep, pcm: np.ndarray, model_rate: int = 24000,
               frame_size: int = 1920, block_seconds: float = 0.02,
-              max_backlog_frames: int = 2, tail_seconds: float = 0.0,
+              max_backlog_frames: int = 2, buffer_frames: int = 1, tail_seconds: float = 0.0,
               on_tick: Callable[[DuplexLoop], None] | None = None,
               tick_seconds: float = 0.5) -> tuple[np.ndarray, DuplexLoop]:
     """Plays pcm [N] f32 at `model_rate` into the loop in real time, `block_seconds` per
     callback, then `tail_seconds` of silence (so the answer to the end of the recording is
-    heard). Returns (what the speaker played [N + tail] f32, the loop with its stats)."""
+    heard). Returns (what the speaker played [N + tail] f32, the loop with its stats); every
+    whole frame heard has been answered or counted as dropped by then."""
     block = max(1, int(round(block_seconds * model_rate)))
     tail = int(round(tail_seconds * model_rate))
     blocks = -(-(pcm.shape[0] + tail) // block)
@@ -33,7 +34,7 @@ def run_paced(step: FrameStep, pcm: np.ndarray, model_rate: int = 24000,
     played = np.zeros(blocks * block, np.float32)  # [blocks * block]
     heard[:pcm.shape[0]] = pcm
     loop = DuplexLoop(step, frame_size=frame_size, model_rate=model_rate,
-                      max_backlog_frames=max_backlog_frames)
+                      max_backlog_frames=max_backlog_frames, buffer_frames=buffer_frames)
     period = block / model_rate
     loop.start()
     t0 = time.monotonic()
@@ -52,6 +53,12 @@ def run_paced(step: FrameStep, pcm: np.ndarray, model_rate: int = 24000,
             if on_tick is not None and time.monotonic() >= next_tick:
                 on_tick(loop)
                 next_tick += tick_seconds
+        # the frames still waiting are answered (the speaker is gone: nobody hears them) so
+        # that the counts cover the whole recording
+        deadline = time.monotonic() + 2 * max_backlog_frames * frame_size / model_rate + 1.0
+        while (len(loop.input) >= frame_size and not loop.failed()
+               and time.monotonic() < deadline):
+            time.sleep(0.005)
     except KeyboardInterrupt:
         loop.stats.interrupted = True
     loop.stop()  # re-raises a worker error

@@ -159,8 +159,9 @@ def test_run_realtime_goes_through_the_live_loop(demo_model_dir, tmp_path, capsy
     processed, dropped = int(done[1]), int(done[2])
     text = json.loads((tmp_path / "rt.json").read_text())
     assert len(text) == processed  # one record per frame the model ran
-    # every whole frame of the recording was processed or dropped, bar the last one in flight
-    assert processed + dropped >= n // 1920 - 1
+    # every whole frame of the recording was processed or dropped (a drop of part of a frame
+    # counts as one, so the sum may reach one more)
+    assert n // 1920 <= processed + dropped <= n // 1920 + 1
 
 
 @pytest.mark.parametrize("case", ["long-prompt", "codec-only", "bad-input", "no-voice-bank",
