@@ -12,9 +12,9 @@ import time
 import numpy as np
 import pytest
 import soundfile as sf
-import torch
 
 from conftest_lm import lm_bundle
+from moshi_pipeline import ReferencePipeline
 from moshi_reference import save_published
 from personaplex_edge.cli import main
 from personaplex_edge.export.hub import CONFIG_FILE, MIMI_FILE, TOKENIZER_FILE, resolve_checkpoint
@@ -39,28 +39,14 @@ def tiny_full_model(tmp_path_factory, tiny_mimi_ref):
     return out
 
 
-@torch.no_grad()
 def reference_pipeline(mimi, lm, pcm: np.ndarray, frame: int):
     """Greedy: per frame, the emitted agent frame [9] (or None) and its decoded pcm."""
-    from moshi.models.lm import LMGen
-
-    full_dep_q = lm.dep_q
-    lm.dep_q = 8  # the agent-only view of the 16-step depformer (moshi's own 7B setting)
     tokens, audio = [], []
-    try:
-        gen = LMGen(lm, use_sampling=False)
-        with mimi.streaming(1), gen.streaming(1):
-            for i in range(pcm.shape[0] // frame):
-                codes = mimi.encode(torch.from_numpy(pcm[i * frame:(i + 1) * frame])[None, None])
-                out = gen.step(codes)
-                if out is None:
-                    tokens.append(None)
-                    audio.append(np.zeros(frame, np.float32))
-                else:
-                    tokens.append(out[0, :, 0].numpy())
-                    audio.append(mimi.decode(out[:, 1:])[0, 0].numpy())
-    finally:
-        lm.dep_q = full_dep_q
+    with ReferencePipeline(mimi, lm) as ref:
+        for i in range(pcm.shape[0] // frame):
+            t, a = ref.step(pcm[i * frame:(i + 1) * frame])
+            tokens.append(t)
+            audio.append(a)
     return tokens, np.concatenate(audio)
 
 
