@@ -13,11 +13,19 @@ row outputs in another; they then form a single table of rows:
 height n_rings * B * H, destination pitch T * row from rings + t * row, source pitch R * row
 from rows + r * row; R copies per call (1 for Helium, 2 for Mimi's transformers).
 
+TensorRT wants every tensor address 256-byte aligned (IExecutionContext::setTensorAddress), and
+cudaMalloc only aligns the start of an allocation. Where a ring or its rows are not a multiple
+of 256 bytes long (small widths: 4 heads x 1 row x 32 bytes), each ring is given a few unused
+(b, h) rows of padding, the same number in both tables, so that the next ring starts aligned
+and the single copy still lines up: `B * H` above becomes that padded count.
+
 The same buffers serve the native TensorRT backend (tensor addresses) and onnxruntime's CUDA
 and TensorRT providers (IO binding with raw device pointers, `bind_rings_to_ort`).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -28,6 +36,7 @@ from .cuda_runtime import (DeviceBuffer, PinnedArray, Stream, copy_rows, copy_to
 from .graph_io import host_dtype
 
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+ALIGN = 256  # bytes: what TensorRT asks of a tensor address, and what cudaMalloc gives
 
 
 def _geometry(spec: RingSpec) -> tuple[int, int, int, int, str]:
@@ -36,6 +45,14 @@ def _geometry(spec: RingSpec) -> tuple[int, int, int, int, str]:
     outer = int(np.prod(spec.shape[:spec.axis], dtype=np.int64))
     inner = int(np.prod(spec.shape[spec.axis + 1:], dtype=np.int64)) * ITEMSIZE[spec.dtype]
     return outer, spec.capacity, inner, spec.rows, spec.position
+
+
+def padded_rows(outer: int, slots: int, inner: int, rows_per_call: int) -> int:
+    """How many (b, h) rows one ring takes in its group's tables: `outer` rounded up so that a
+    ring of that many rows and its row output are both whole multiples of ALIGN bytes."""
+    step = math.lcm(ALIGN // math.gcd(ALIGN, slots * inner),
+                    ALIGN // math.gcd(ALIGN, rows_per_call * inner))
+    return -(-outer // step) * step
 
 
 class DeviceRings:
@@ -54,14 +71,16 @@ class DeviceRings:
                 raise ValueError(f"ring {s.input_name}: dtype {s.dtype} is not a float type")
             by_geometry.setdefault(_geometry(s), []).append(s)
         for (outer, slots, inner, rows_per_call, position), group in by_geometry.items():
-            rings = DeviceBuffer(len(group) * outer * slots * inner)
-            rows = DeviceBuffer(len(group) * outer * rows_per_call * inner)
+            stride = padded_rows(outer, slots, inner, rows_per_call)
+            height = (len(group) - 1) * stride + outer  # the last ring needs no padding
+            rings = DeviceBuffer(height * slots * inner)
+            rows = DeviceBuffer(height * rows_per_call * inner)
             self._buffers += [rings, rows]
             for i, s in enumerate(group):
-                self.ring_ptr[s.input_name] = rings.ptr + i * outer * slots * inner
-                self.row_ptr[s.output_name] = rows.ptr + i * outer * rows_per_call * inner
-            self._groups.append((rings.ptr, rows.ptr, len(group) * outer, slots, inner,
-                                 rows_per_call, position))
+                self.ring_ptr[s.input_name] = rings.ptr + i * stride * slots * inner
+                self.row_ptr[s.output_name] = rows.ptr + i * stride * rows_per_call * inner
+            self._groups.append((rings.ptr, rows.ptr, height, slots, inner, rows_per_call,
+                                 position))
         # Zeros: a masked slot gets probability 0, but 0 * NaN is NaN, so slots never written
         # must not hold whatever bits cudaMalloc left there.
         self.clear(stream)

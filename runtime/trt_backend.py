@@ -30,7 +30,7 @@ from personaplex_edge.manifest import GraphEntry, Manifest
 
 from .cuda_runtime import (CudaError, DeviceBuffer, PinnedArray, Stream, call, copy_to_device,
                            copy_to_host, device_info, fill_zero)
-from .device_rings import DeviceRings, RingPositions, download_state, upload_state
+from .device_rings import ALIGN, DeviceRings, RingPositions, download_state, upload_state
 from .graph_io import check_state, copy_input, host_dtype
 from .trt_engine import check_compatible, check_engine_file, engine_spec
 
@@ -126,6 +126,7 @@ class TrtGraph:
             want[r.input_name] = ("input", tuple(r.shape), r.dtype)
             want[r.output_name] = ("output", tuple(r.rows_shape), r.dtype)
         have: dict[str, tuple] = {}
+        on_host = []
         for i in range(self.engine.num_io_tensors):
             name = self.engine.get_tensor_name(i)
             mode = self.engine.get_tensor_mode(name)
@@ -133,13 +134,22 @@ class TrtGraph:
             have[name] = ("input" if mode == trt.TensorIOMode.INPUT else "output",
                           tuple(self.engine.get_tensor_shape(name)),
                           _TRT_DTYPES.get(dtype.name, dtype.name))
+            # an input that feeds a shape computation becomes a host tensor: TensorRT would
+            # then read our device address as a host pointer
+            if self.engine.get_tensor_location(name) != trt.TensorLocation.DEVICE:
+                on_host.append(name)
         problems = [f"{n}: manifest {want.get(n)}, engine {have.get(n)}"
                     for n in sorted(set(want) | set(have)) if want.get(n) != have.get(n)]
+        problems += [f"{n}: TensorRT keeps it in host memory (a shape input); every tensor of "
+                     "these graphs must be on the device" for n in on_host]
         if problems:
             raise ModelDirError(f"the engine of {e.file} disagrees with the manifest; rebuild "
                                 "the engines:\n  " + "\n  ".join(problems[:10]))
 
     def _set_address(self, name: str, ptr: int) -> None:
+        if ptr % ALIGN:  # setTensorAddress requires it; a misaligned one may fault in a kernel
+            raise CudaError(f"{self.entry.file}: the address of {name} is not {ALIGN}-byte "
+                            "aligned")
         if not self.context.set_tensor_address(name, ptr):
             raise CudaError(f"TensorRT refused the address of {name} in {self.entry.file}")
 
