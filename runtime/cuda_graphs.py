@@ -76,7 +76,10 @@ class CapturedSequence:
             raise
         graph = call("cudaStreamEndCapture", self.stream.raw)
         try:
-            return call("cudaGraphInstantiate", graph, 0)
+            # cudaGraphInstantiate took (graph, log buffer size) and returned three values
+            # before CUDA 12, (graph, flags) since; the WithFlags form is (graph, flags) with
+            # one value in every cuda-python from 11.4 to 13.
+            return call("cudaGraphInstantiateWithFlags", graph, 0)
         finally:
             call("cudaGraphDestroy", graph)
 
