@@ -74,11 +74,17 @@ def build_engine(onnx_path: Path, engine_path: Path, precision: str,
         raise EngineBuildError(f"{onnx_path.name} uses onnxruntime-only ops (MatMulNBits): it "
                                "was converted for the onnx backend; export with --backend "
                                "tensorrt for TensorRT's weight-only form")
+    trt_major = int(trt.__version__.split(".")[0])
+    strongly_typed = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
+    if trt_major < 10:
+        # before 10 a network without EXPLICIT_BATCH is implicit-batch (the ONNX parser
+        # refuses it), int64 inputs do not exist, and fp16 layers need builder flags
+        raise EngineBuildError(f"TensorRT {trt.__version__} is too old: the engines need "
+                               "TensorRT 10 or newer (pip install tensorrt-cu12; JetPack 6.2)")
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
     flags = 0
-    strongly_typed = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
-    if strongly_typed is not None:  # TensorRT 10; always on (flag ignored) in TensorRT 11
+    if strongly_typed is not None:  # needed in 10; deprecated (always on) from 11
         flags |= 1 << int(strongly_typed)
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)
@@ -95,7 +101,16 @@ def build_engine(onnx_path: Path, engine_path: Path, precision: str,
     cache_path = timing_cache or default_timing_cache(trt.__version__, info.compute_capability)
     cache_bytes = cache_path.read_bytes() if cache_path.is_file() else b""
     cache = config.create_timing_cache(cache_bytes)
-    config.set_timing_cache(cache, False)  # a cache from another GPU/version is an error
+    # ignore_mismatch=False: TensorRT refuses (returns False) a cache recorded on a GPU with
+    # other device properties - another model of the same compute capability (H100 and
+    # H200) maps to the same file name - and one it cannot read; the build then starts from
+    # an empty cache instead of trusting timings that do not hold here.
+    if cache is None or not config.set_timing_cache(cache, False):
+        if cache_bytes:
+            progress(f"  {cache_path.name}: recorded on another GPU or unreadable; not used")
+            cache = config.create_timing_cache(b"")
+        if cache is None or not config.set_timing_cache(cache, False):
+            raise EngineBuildError("TensorRT could not set up a timing cache (see its log)")
 
     t0 = time.perf_counter()
     plan = builder.build_serialized_network(network, config)
