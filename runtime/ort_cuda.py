@@ -20,7 +20,7 @@ import numpy as np
 from personaplex_edge.errors import ModelDirError
 from personaplex_edge.manifest import GraphEntry
 
-from .cuda_runtime import (DeviceBuffer, PinnedArray, Stream, copy_to_device, copy_to_host,
+from .cuda_runtime import (DeviceBuffer, PinnedArray, Stream, call, copy_to_device, copy_to_host,
                            fill_zero)
 from .device_rings import (DeviceRings, RingPositions, bind_rings_to_ort, download_state,
                            upload_state)
@@ -59,9 +59,11 @@ class OrtCudaGraph:
 
         self.entry = entry
         self.device = "cuda"
+        call("cudaSetDevice", device_id)  # our stream and buffers on the session's device
         self.stream = stream or Stream()
         self._own_stream = stream is None
         self._cuda_graph = cuda_graph
+        self._device_id = device_id
         path = Path(model_dir) / entry.file
         providers = cuda_providers(self.stream, device_id, tensorrt, cuda_graph, trt_cache)
         try:
@@ -95,19 +97,21 @@ class OrtCudaGraph:
         self.reset()
 
     def _bind(self, read: int, write: int):
-        b = self.session.io_binding()
+        # the buffers live on the session's device: a binding naming another one would make
+        # onnxruntime copy them over (or read them there) every run
+        b, dev = self.session.io_binding(), self._device_id
         for t in self.entry.inputs:
-            b.bind_input(t.name, "cuda", 0, np.dtype(t.dtype), list(t.shape),
+            b.bind_input(t.name, "cuda", dev, np.dtype(t.dtype), list(t.shape),
                          self._dev_in[t.name].ptr)
         for t in self.entry.outputs:
-            b.bind_output(t.name, "cuda", 0, np.dtype(t.dtype), list(t.shape),
+            b.bind_output(t.name, "cuda", dev, np.dtype(t.dtype), list(t.shape),
                           self._dev_out[t.name].ptr)
         for s in self.entry.state:
-            b.bind_input(s.input_name, "cuda", 0, np.dtype(s.dtype), list(s.shape),
+            b.bind_input(s.input_name, "cuda", dev, np.dtype(s.dtype), list(s.shape),
                          self._state[read][s.name].ptr)
-            b.bind_output(s.output_name, "cuda", 0, np.dtype(s.dtype), list(s.shape),
+            b.bind_output(s.output_name, "cuda", dev, np.dtype(s.dtype), list(s.shape),
                           self._state[write][s.name].ptr)
-        bind_rings_to_ort(b, self.rings)
+        bind_rings_to_ort(b, self.rings, dev)
         return b
 
     def run(self) -> dict[str, np.ndarray]:
