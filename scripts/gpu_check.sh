@@ -13,12 +13,16 @@
 # What it installs and why:
 #   torch (export only)  the CPU wheel from PyTorch's index when that is reachable (200 MB);
 #                        else PyPI's default build (CUDA, ~2.5 GB with its libraries)
-#   onnxruntime-gpu      the newest for CUDA >= 13 drivers, 1.25.1 (the last CUDA 12 build)
-#                        otherwise; with its CUDA and cuDNN wheels; it replaces onnxruntime
+#   onnxruntime-gpu      the newest for CUDA >= 13 drivers, 1.26.0 otherwise (the last whose
+#                        [cuda] extra pulls CUDA 12 libraries; 1.27 on need CUDA 13); with its
+#                        CUDA and cuDNN wheels; it replaces onnxruntime
 #   cuda-python          the major version of the driver's CUDA (device buffers, copies, graphs)
-#   tensorrt-cuXX        PyPI only holds stubs that download TensorRT's libraries from
-#                        pypi.nvidia.com: where that is unreachable the TensorRT stages are
-#                        skipped (reported); onnxruntime's CUDA provider still runs
+#   tensorrt-cuXX        the build for the driver's CUDA major version (a plain `tensorrt` is
+#                        the CUDA 13 one from TensorRT 11 on); from PyPI, with pypi.nvidia.com as
+#                        an extra index where it answers. If it does not install, the TensorRT
+#                        stages are skipped (reported); onnxruntime's CUDA provider still runs.
+#                        On a Jetson, JetPack's own TensorRT is used (the venv sees system
+#                        packages there; NVIDIA's pip wheels do not support Jetson).
 set -u
 cd "$(dirname "$0")/.."
 START=$(date +%s)
@@ -50,42 +54,67 @@ reachable() {  # reachable URL: answers within 5 s (the machine may only reach P
 
 PYTHON=${PYTHON:-python3}
 VENV=${GPU_CHECK_VENV:-/tmp/personaplex-gpu-venv}  # outside the repository
-[ -x "$VENV/bin/python" ] || step "virtual environment $VENV" "$PYTHON" -m venv "$VENV"
-. "$VENV/bin/activate"
-PIP="python -m pip install -q --disable-pip-version-check --timeout 30 --retries 2"
+JETSON=0
+[ -f /etc/nv_tegra_release ] && JETSON=1
+VENV_ARGS=""
+[ "$JETSON" = 1 ] && VENV_ARGS="--system-site-packages"  # JetPack's tensorrt lives there
+make_venv() { step "virtual environment $VENV" "$PYTHON" -m venv $VENV_ARGS "$VENV"; }
+venv_ok() { "$VENV/bin/python" -m pip --version >/dev/null 2>&1; }
+if ! venv_ok; then
+    # a venv whose pip bootstrap failed (or was interrupted) has a python but no pip
+    [ -f "$VENV/pyvenv.cfg" ] && rm -rf "$VENV"
+    if ! make_venv || ! venv_ok; then
+        rm -rf "$VENV"  # Debian and Ubuntu ship venv's pip bootstrap apart (python3.X-venv)
+        PYVER=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+        command -v apt-get >/dev/null && step "python$PYVER-venv (apt)" sh -c \
+            "apt-get update -qq && apt-get install -y -qq python3-venv python$PYVER-venv" \
+            && make_venv
+    fi
+fi
+if venv_ok; then
+    . "$VENV/bin/activate"
+    PY=python
+else  # last resort: the system interpreter, packages in the user's site
+    say "    no virtual environment: installing into $PYTHON's user site instead"
+    PY=$PYTHON
+    export PIP_USER=1 PIP_BREAK_SYSTEM_PACKAGES=1
+fi
+PIP="$PY -m pip install -q --disable-pip-version-check --timeout 30 --retries 2"
 step "pip" $PIP --upgrade pip
 
-if ! python -c "import torch" 2>/dev/null; then
+if ! $PY -c "import torch" 2>/dev/null; then
     if reachable https://download.pytorch.org/whl/cpu/; then
         step "torch (CPU wheel, PyTorch index)" $PIP "torch==2.13.0" \
             --index-url https://download.pytorch.org/whl/cpu
     fi
-    python -c "import torch" 2>/dev/null || step "torch (PyPI)" $PIP "torch==2.13.0" \
+    $PY -c "import torch" 2>/dev/null || step "torch (PyPI)" $PIP "torch==2.13.0" \
         || step "torch (PyPI, any version)" $PIP torch
 fi
 # the project without its onnxruntime requirement: onnxruntime-gpu provides the same module
 step "personaplex-edge" $PIP --no-deps -e .
 step "project dependencies" $PIP numpy soundfile soxr sentencepiece "onnx>=1.16" \
     "safetensors>=0.4" huggingface_hub ml_dtypes
-if [ "$CUDA_MAJOR" -ge 13 ]; then ORT="onnxruntime-gpu[cuda,cudnn]"; else
-    ORT="onnxruntime-gpu[cuda,cudnn]==1.25.1"; fi
-python -m pip uninstall -q -y onnxruntime >/dev/null 2>&1
-step "$ORT" $PIP "$ORT" || step "onnxruntime-gpu (no extras)" $PIP onnxruntime-gpu
+if [ "$CUDA_MAJOR" -ge 13 ]; then ORT_PIN=""; else ORT_PIN="==1.26.0"; fi
+$PY -m pip uninstall -q -y onnxruntime >/dev/null 2>&1
+step "onnxruntime-gpu[cuda,cudnn]$ORT_PIN" $PIP "onnxruntime-gpu[cuda,cudnn]$ORT_PIN" \
+    || step "onnxruntime-gpu$ORT_PIN (no extras)" $PIP "onnxruntime-gpu$ORT_PIN" \
+    || step "onnxruntime (CPU only: the reference and CPU stages still run)" $PIP onnxruntime
 step "cuda-python $CUDA_MAJOR.x" $PIP "cuda-python>=$CUDA_MAJOR.0,<$((CUDA_MAJOR + 1)).0"
-if python -c "import tensorrt" 2>/dev/null; then
-    say "[ok] tensorrt already installed"
-elif reachable https://pypi.nvidia.com/; then
-    step "tensorrt-cu$CUDA_MAJOR (pypi.nvidia.com)" $PIP "tensorrt-cu$CUDA_MAJOR" \
-        --extra-index-url https://pypi.nvidia.com \
-        || say "    TensorRT did not install: the TensorRT stages will be skipped"
+if $PY -c "import tensorrt" 2>/dev/null; then
+    say "[ok] tensorrt $($PY -c 'import tensorrt; print(tensorrt.__version__)') already installed"
+elif [ "$JETSON" = 1 ]; then
+    say "[skipped] tensorrt: a Jetson takes JetPack's (apt install python3-libnvinfer);" \
+        "the TensorRT stages will be skipped"
 else
-    say "[skipped] tensorrt: its libraries are only on pypi.nvidia.com, which this machine" \
-        "cannot reach; the TensorRT stages will be skipped (onnxruntime CUDA still runs)"
+    TRT_INDEX=""
+    reachable https://pypi.nvidia.com/ && TRT_INDEX="--extra-index-url https://pypi.nvidia.com"
+    step "tensorrt-cu$CUDA_MAJOR" $PIP "tensorrt-cu$CUDA_MAJOR" $TRT_INDEX \
+        || say "    TensorRT did not install: the TensorRT stages will be skipped"
 fi
-python -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers())" \
+$PY -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers())" \
     || say "onnxruntime does not import"
 
 LEFT=$(( TOTAL - ($(date +%s) - START) ))
 say "# installs done after $(( $(date +%s) - START )) s; $LEFT s left for the check"
-python scripts/gpu_check.py --budget-s $(( LEFT > 60 ? LEFT - 20 : 40 )) "$@"
+$PY scripts/gpu_check.py --budget-s $(( LEFT > 60 ? LEFT - 20 : 40 )) "$@"
 say "# gpu_check.sh finished after $(( $(date +%s) - START )) s"
