@@ -8,6 +8,13 @@ graph launch replays the record - the same addresses, host arrays read at replay
 is what a CUDA graph does. What this cannot check is CUDA and TensorRT themselves; it checks
 everything our code asks of them: buffer sizes, addresses, copy geometry, ping-pong, ring
 positions, linking, capture and replay.
+
+The calls take the arguments and give the returns of the real APIs (cuda-python 12/13:
+`(error, *values)` tuples; TensorRT 10/11 Python bindings), and hold to their documented
+demands where a real GPU would only fail at random: cudaMalloc's 256-byte alignment, and
+TensorRT's refusal of tensor addresses that are not 256-byte aligned. The builder side
+(Builder, OnnxParser, builder config, timing cache) is simulated too: its "plan" names the
+ONNX graph that the simulated runtime then runs.
 """
 
 from __future__ import annotations
@@ -17,6 +24,9 @@ import types
 from pathlib import Path
 
 import numpy as np
+
+SIMULATED_TRT_VERSION = "10.999.0.simulated"  # parses like a real one: major 10
+ALIGN = 256  # cudaMalloc's alignment, and what setTensorAddress demands
 
 _DTYPES = {"FLOAT": np.float32, "HALF": np.float16, "INT64": np.int64, "INT32": np.int32,
            "BOOL": np.bool_}
@@ -67,8 +77,9 @@ class FakeCuda:
             fn()
 
     def _alloc(self, n):
-        buf = np.full(max(int(n), 1), 0xCD, np.uint8)  # not zeros: uninitialised memory
-        ptr = buf.ctypes.data
+        # not zeros: uninitialised memory; aligned as cudaMalloc's (numpy gives only 16/64)
+        buf = np.full(max(int(n), 1) + ALIGN, 0xCD, np.uint8)
+        ptr = -(-buf.ctypes.data // ALIGN) * ALIGN
         self._memory[ptr] = buf
         return 0, ptr
 
@@ -133,7 +144,10 @@ class FakeCuda:
         graph, self.recording = self.recording, None
         return 0, graph
 
-    def cudaGraphInstantiate(self, graph, flags):
+    def cudaGraphInstantiate(self, graph, flags):  # CUDA 12 form; 11 took a log size
+        return 0, list(graph)
+
+    def cudaGraphInstantiateWithFlags(self, graph, flags):
         return 0, list(graph)
 
     def cudaGraphLaunch(self, graph, stream):
@@ -160,12 +174,17 @@ class _Context:
         self.engine, self.addresses = engine, {}
 
     def set_tensor_address(self, name, ptr):
-        if name not in self.engine.tensors:
+        if not isinstance(ptr, int):  # the binding takes a size_t
+            raise TypeError(f"set_tensor_address(): memory must be an int, got {type(ptr)}")
+        if name not in self.engine.tensors or ptr % ALIGN:
             return False
-        self.addresses[name] = int(ptr)
+        self.addresses[name] = ptr
         return True
 
     def execute_async_v3(self, stream):
+        if not isinstance(stream, int):  # the binding takes the stream's address (size_t)
+            raise TypeError(f"execute_async_v3(): stream_handle must be an int, got "
+                            f"{type(stream)}")
         tensors, sess = self.engine.tensors, self.engine.session
         bound = dict(self.addresses)  # the addresses at enqueue time, as TensorRT records them
         missing = set(tensors) - set(bound)
@@ -212,25 +231,149 @@ class _Engine:
     def get_tensor_dtype(self, name):
         return _Enum(self.tensors[name][2])
 
+    def get_tensor_location(self, name):
+        return _Enum("DEVICE")
+
     def create_execution_context(self):
         return _Context(self)
 
 
+class _IntEnum(_Enum):
+    """A member of a TensorRT enum whose value goes into a bit mask (int() works on it)."""
+
+    def __init__(self, name: str, value: int):
+        super().__init__(name)
+        self.value = value
+
+    def __int__(self):
+        return self.value
+
+
+class _TimingCache:
+    MAGIC = b"simulated timing cache of "
+
+    def __init__(self, device: str):
+        self.device = device
+
+    def serialize(self):
+        return memoryview(self.MAGIC + self.device.encode())  # IHostMemory is a buffer
+
+
+class _BuilderConfig:
+    def __init__(self, trt, device: str):
+        self._trt, self._device = trt, device
+        self.flags = {trt.BuilderFlag.TF32}  # on by default, as in TensorRT
+        self.pools: dict = {}
+        self.timing_cache: _TimingCache | None = None
+
+    def set_memory_pool_limit(self, pool, pool_size):
+        assert pool in vars(self._trt.MemoryPoolType).values() and isinstance(pool_size, int)
+        self.pools[pool] = pool_size
+
+    def set_flag(self, flag):
+        if flag not in vars(self._trt.BuilderFlag).values():
+            raise TypeError(f"not a BuilderFlag: {flag!r}")
+        self.flags.add(flag)
+
+    def clear_flag(self, flag):
+        if flag not in vars(self._trt.BuilderFlag).values():
+            raise TypeError(f"not a BuilderFlag: {flag!r}")
+        self.flags.discard(flag)
+
+    def create_timing_cache(self, serialized_timing_cache):
+        data = bytes(memoryview(serialized_timing_cache))
+        if not data:
+            return _TimingCache(self._device)
+        if not data.startswith(_TimingCache.MAGIC):
+            return None  # unreadable: TensorRT logs an error and returns no cache
+        return _TimingCache(data[len(_TimingCache.MAGIC):].decode())
+
+    def set_timing_cache(self, cache, ignore_mismatch):
+        if not isinstance(cache, _TimingCache) or not isinstance(ignore_mismatch, bool):
+            raise TypeError("set_timing_cache(cache: ITimingCache, ignore_mismatch: bool)")
+        if cache.device != self._device and not ignore_mismatch:
+            return False  # recorded on another device
+        self.timing_cache = cache
+        return True
+
+    def get_timing_cache(self):
+        return self.timing_cache
+
+
+class _Network:
+    def __init__(self, flags: int):
+        self.flags = flags
+        self.onnx_path: str | None = None
+
+
+def _builder_api(trt, cuda: FakeCuda) -> None:
+    """TensorRT's build API on `trt`: a network is strongly typed or not, the builder config
+    has TensorRT's flags and pools, and the plan is the parsed graph's path."""
+    trt.NetworkDefinitionCreationFlag = types.SimpleNamespace(
+        EXPLICIT_BATCH=_IntEnum("EXPLICIT_BATCH", 0), STRONGLY_TYPED=_IntEnum("STRONGLY_TYPED", 1))
+    trt.BuilderFlag = types.SimpleNamespace(**{n: _IntEnum(n, i) for i, n in enumerate(
+        ("FP16", "BF16", "INT8", "FP8", "INT4", "TF32", "REFIT"))})
+    trt.MemoryPoolType = types.SimpleNamespace(WORKSPACE=_IntEnum("WORKSPACE", 0))
+    device = cuda.cudaGetDeviceProperties(0)[1].name.decode()
+    trt.builds = []  # (network, config) of each build, for the tests to inspect
+
+    class Builder:
+        def __init__(self, logger):
+            pass
+
+        def create_network(self, flags=0):
+            if not isinstance(flags, int):
+                raise TypeError("create_network(flags: int)")
+            return _Network(flags)
+
+        def create_builder_config(self):
+            return _BuilderConfig(trt, device)
+
+        def build_serialized_network(self, network, config):
+            trt.builds.append((network, config))
+            if network.onnx_path is None:
+                return None
+            return memoryview(network.onnx_path.encode())
+
+    class OnnxParser:
+        def __init__(self, network, logger):
+            self.network, self.errors = network, []
+
+        def parse_from_file(self, model):
+            if not Path(model).is_file():
+                self.errors.append(f"cannot open {model}")
+                return False
+            self.network.onnx_path = str(model)
+            return True
+
+        @property
+        def num_errors(self):
+            return len(self.errors)
+
+        def get_error(self, index):
+            return self.errors[index]
+
+    trt.Builder, trt.OnnxParser = Builder, OnnxParser
+
+
 def fake_tensorrt(cuda: FakeCuda, model_dir: Path) -> types.ModuleType:
-    """A `tensorrt` module whose serialized engines are the name of the ONNX graph to run."""
+    """A `tensorrt` module whose serialized engines name the ONNX graph to run (relative to
+    `model_dir`, or absolute as the simulated builder writes them)."""
     trt = types.ModuleType("tensorrt")
-    trt.__version__ = "0.0-simulated"
+    trt.__version__ = SIMULATED_TRT_VERSION
     trt.Logger = type("Logger", (), {"WARNING": 2, "__init__": lambda self, level=2: None})
     trt.TensorIOMode = types.SimpleNamespace(INPUT=_Enum("INPUT"), OUTPUT=_Enum("OUTPUT"))
+    trt.TensorLocation = types.SimpleNamespace(DEVICE=_Enum("DEVICE"), HOST=_Enum("HOST"))
 
     class Runtime:
         def __init__(self, logger):
             pass
 
-        def deserialize_cuda_engine(self, data: bytes):
-            return _Engine(model_dir / data.decode(), cuda)
+        def deserialize_cuda_engine(self, serialized_engine):
+            return _Engine(model_dir / bytes(memoryview(serialized_engine)).decode(), cuda)
 
     trt.Runtime = Runtime
+    _builder_api(trt, cuda)
     return trt
 
 
@@ -252,7 +395,7 @@ def install(monkeypatch, model_dir: Path) -> FakeCuda:
     for name, entry in manifest.graphs.items():
         engine = model_dir / (Path(entry.file).stem + ".engine")
         engine.write_text(entry.file)
-        spec = EngineSpec(engine.name, sha256_file(engine), "0.0-simulated", "9.0",
+        spec = EngineSpec(engine.name, sha256_file(engine), SIMULATED_TRT_VERSION, "9.0",
                           "Simulated GPU", manifest.precision)
         graphs[name] = dataclasses.replace(entry, engine=spec.to_dict())
     write_manifest(model_dir, dataclasses.replace(manifest, graphs=graphs))

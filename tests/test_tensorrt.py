@@ -145,6 +145,10 @@ def test_one_strided_copy_writes_every_ring_in_place(monkeypatch):
                        2) for i in range(2)]
     rings = device_rings.DeviceRings(specs, Stream())
     assert len(rings._groups) == 2
+    # TensorRT takes only 256-byte aligned tensor addresses: the rings of a group are padded
+    # apart (these rows are 8 and 64 bytes long) and still share one copy
+    for ptr in (*rings.ring_ptr.values(), *rings.row_ptr.values()):
+        assert ptr % 256 == 0, ptr
     expect = {s.input_name: np.zeros(s.shape, np.dtype(s.dtype)) for s in specs}
     for step, (position, offset) in enumerate([(0, 0), (1, 2), (4, 4), (7, 6), (9, 12)]):
         for s in specs:
@@ -322,6 +326,96 @@ def test_captured_frame_replays_like_eager_runs(simulated):
         np.testing.assert_array_equal(enc.outputs["codes"], ref.run()["codes"])
 
 
+def test_fp16_graphs_with_narrow_kv_rows_on_simulated_gpu(tiny_fp32, tmp_path, monkeypatch):
+    """The tiny fp16 graphs' K/V rows are 128 bytes per ring, so rings packed end to end would
+    put every other row output at an address TensorRT refuses; padded, the engine takes them
+    and the tokens equal onnxruntime's on the CPU."""
+    import fake_gpu
+
+    from personaplex_edge.export.precision import convert_model_dir
+    from personaplex_edge.runtime.lm_probe import GreedyLM
+
+    model = tmp_path / "fp16"
+    convert_model_dir(tiny_fp32, model, "fp16", backend="tensorrt", progress=lambda s: None)
+    cuda = fake_gpu.install(monkeypatch, model)
+    manifest = load_model_dir(model)
+    ring = manifest.graphs["helium_step"].rings[0]
+    assert ring.dtype == "float16" and np.prod(ring.rows_shape) * 2 % 256 != 0
+    user = np.random.default_rng(5).integers(0, 2048, (45, 8))
+    cpu = GreedyLM(model, dataclasses.replace(manifest, backend="onnx"), device="cpu",
+                   threads=1).run(user)
+    gpu = GreedyLM(model, manifest).run(user)
+    np.testing.assert_array_equal(gpu.tokens, cpu.tokens)
+    assert cuda.copies_2d == len(user)  # still one copy for all of helium's rings
+
+
+def test_engine_build_on_simulated_tensorrt(simulated, tmp_path, monkeypatch):
+    """build_engines through TensorRT's build API (simulated): a strongly typed network, TF32
+    off for float32, the workspace limit, the timing cache written, reused, and dropped when
+    it was recorded on another GPU; the engines it records then run."""
+    import sys
+
+    from personaplex_edge.export.tensorrt_build import build_engines, default_timing_cache
+    from personaplex_edge.manifest import write_manifest
+    from personaplex_edge.runtime.lm_probe import GreedyLM
+
+    model, cuda = simulated
+    trt = sys.modules["tensorrt"]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    cache = default_timing_cache(trt.__version__, "9.0")
+    said = []
+    manifest = build_engines(model, graphs=["helium_step", "depformer_step"],
+                             workspace_bytes=1 << 30, progress=said.append)
+    assert len(trt.builds) == 2 and cache.is_file()
+    for network, config in trt.builds:
+        assert network.flags == 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+        assert trt.BuilderFlag.TF32 not in config.flags  # float32: checked token for token
+        assert config.pools == {trt.MemoryPoolType.WORKSPACE: 1 << 30}
+        assert config.timing_cache is not None
+    spec = manifest.graphs["helium_step"].engine
+    assert spec["tensorrt_version"] == trt.__version__ and spec["compute_capability"] == "9.0"
+    write_manifest(model, manifest)
+
+    user = np.random.default_rng(6).integers(0, 2048, (20, 8))
+    manifest = load_model_dir(model)
+    cpu = GreedyLM(model, dataclasses.replace(manifest, backend="onnx"), device="cpu",
+                   threads=1).run(user)
+    np.testing.assert_array_equal(GreedyLM(model, manifest).run(user).tokens, cpu.tokens)
+
+    cache.write_bytes(trt.Builder(None).create_builder_config().create_timing_cache(b"")
+                      .serialize().tobytes().replace(b"Simulated GPU", b"Other GPU"))
+    build_engines(model, graphs=["depformer_step"], progress=said.append)
+    assert any("recorded on another GPU" in line for line in said)
+    assert b"Simulated GPU" in cache.read_bytes()  # replaced by this GPU's
+
+
+def test_gpu_check_stages_on_simulated_gpu(simulated, tmp_path, monkeypatch):
+    """scripts/gpu_check.py's TensorRT stages - engine build, eager and captured LM frames,
+    codec - on the simulated GPU: each prints ms/frame and compares with onnxruntime CPU
+    (agreement 100 % here: the simulated engines are onnxruntime CPU sessions)."""
+    import importlib.util
+
+    model, _ = simulated
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check_under_test", path)
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    monkeypatch.setattr(gpu_check, "TIMINGS", [])
+
+    assert "helium_step.engine" in gpu_check.engines(model, ["helium_step", "depformer_step",
+                                                             "mimi_encoder", "mimi_decoder"])
+    user = np.random.default_rng(7).integers(0, 2048, (25, 8))
+    assert "ms/frame" in gpu_check.time_lm("m", model, "ort-cpu", user, None)
+    ref = gpu_check.TIMINGS[-1]["tokens"]
+    for backend in ("trt", "trt-graph"):
+        line = gpu_check.time_lm("m", model, backend, user, ref)
+        assert "ms/frame" in line and "text 100.0% audio 100.0%" in line, line
+    assert "codes equal" not in gpu_check.time_codec("c", model, "ort-cpu", frames=8)
+    line = gpu_check.time_codec("c", model, "trt", frames=8)
+    assert "codes equal to ort-cpu: 100.0%" in line, line
+
+
 def test_engine_record_and_tampering_on_simulated_gpu(simulated):
     from personaplex_edge.manifest import MANIFEST
     from personaplex_edge.runtime.trt_backend import TrtGraph
@@ -337,7 +431,7 @@ def test_engine_record_and_tampering_on_simulated_gpu(simulated):
     data["graphs"]["depformer_step"]["engine"]["tensorrt_version"] = "10.0.0"
     (model / MANIFEST).write_text(json.dumps(data))
     manifest = load_model_dir(model)
-    with pytest.raises(ModelDirError, match="TensorRT 10.0.0 built it, this is 0.0-simulated"):
+    with pytest.raises(ModelDirError, match="TensorRT 10.0.0 built it, this is 10.999.0.simulated"):
         TrtGraph(model, manifest, manifest.graphs["depformer_step"])
     engine.unlink()
     with pytest.raises(ModelDirError, match="depformer_step.engine is missing.*tensorrt_build"):
