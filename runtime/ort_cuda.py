@@ -31,14 +31,17 @@ def cuda_providers(stream: Stream, device_id: int = 0, tensorrt: bool = False,
                    cuda_graph: bool = False, trt_cache: str | Path | None = None) -> list:
     """Provider list for a session that runs on `stream`; TensorRT's provider first when asked
     (it takes the subgraphs it can, CUDA the rest)."""
-    cuda = {"device_id": str(device_id), "has_user_compute_stream": "1",
-            "user_compute_stream": str(stream.handle)}
+    # user_compute_stream alone, as onnxruntime documents it for Python: both providers set
+    # has_user_compute_stream from it, and that flag is slated for removal - an option a
+    # release no longer knows fails the provider's registration (the session falls back to
+    # the CPU)
+    cuda = {"device_id": str(device_id), "user_compute_stream": str(stream.handle)}
     if cuda_graph:
         cuda["enable_cuda_graph"] = "1"
     providers: list = [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
     if tensorrt:
-        trt = {"device_id": str(device_id), "has_user_compute_stream": "1",
-               "user_compute_stream": str(stream.handle), "trt_timing_cache_enable": "True"}
+        trt = {"device_id": str(device_id), "user_compute_stream": str(stream.handle),
+               "trt_timing_cache_enable": "True"}
         if trt_cache is not None:
             trt.update({"trt_engine_cache_enable": "True",
                         "trt_engine_cache_path": str(trt_cache),
