@@ -42,7 +42,7 @@ _TRT_DTYPES = {"FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT64
 def import_tensorrt():
     try:
         import tensorrt
-    except ImportError as e:
+    except (ImportError, OSError) as e:  # OSError: the wheel is there, its libraries do not load
         raise ModelDirError(
             "this model directory holds TensorRT engines, which need TensorRT's Python "
             "bindings: pip install 'personaplex-edge[trt]' (NVIDIA hosts the TensorRT wheels "

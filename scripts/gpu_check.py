@@ -272,8 +272,8 @@ def environment(cpu_only: bool) -> str:
         import tensorrt
 
         parts.append(f"tensorrt {tensorrt.__version__}")
-    except ImportError:
-        parts.append("tensorrt: not installed")
+    except Exception as e:  # noqa: BLE001 - a wheel whose libraries do not load raises OSError
+        parts.append(f"tensorrt: not usable ({type(e).__name__}: {e})")
     if not cpu_only:
         from personaplex_edge.runtime.cuda_runtime import device_info
 
@@ -433,7 +433,8 @@ def main() -> None:
     try:
         import tensorrt  # noqa: F401
         have_trt = True
-    except ImportError:
+    except Exception as e:  # noqa: BLE001 - ImportError, or OSError from its libraries
+        say(f"tensorrt does not import ({type(e).__name__}: {e}): TensorRT stages are skipped")
         have_trt = False
     bytes_mid: dict[str, int] = {}
     frames = {"tiny": 60, "mid": args.frames}
@@ -469,9 +470,12 @@ def main() -> None:
             model = root / "fp32-tensorrt"
             if (model / "manifest.json").is_file():
                 for b in ("ort-cpu", "ort-cuda", "trt"):
+                    if b == "trt" and not have_trt:
+                        RESULTS.append({"stage": f"tiny codec: {b}", "status": "skipped",
+                                        "detail": "tensorrt is not installed"})
+                        continue
                     stage(f"tiny codec: {b}", lambda: time_codec("tiny fp32", model, b),
-                          budget, 15, gpu=b != "ort-cpu", cpu_only=cpu_only or (
-                              b == "trt" and not have_trt))
+                          budget, 15, gpu=b != "ort-cpu", cpu_only=cpu_only)
     report(bytes_mid)
     if args.json or os.environ.get("OUT"):
         path = Path(args.json or Path(os.environ["OUT"]) / "gpu_check.json")

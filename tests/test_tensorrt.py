@@ -25,8 +25,8 @@ def _gpu_reason() -> str | None:
     """None when CUDA (through cuda-python) and TensorRT are usable, else why not."""
     try:
         import tensorrt  # noqa: F401
-    except ImportError:
-        return "TensorRT's Python bindings are not installed (pip install tensorrt)"
+    except (ImportError, OSError) as e:  # OSError: installed, but its libraries do not load
+        return f"TensorRT's Python bindings are not usable (pip install tensorrt-cu12): {e}"
     from personaplex_edge.runtime.cuda_runtime import gpu_available
 
     ok, why = gpu_available()
@@ -191,6 +191,26 @@ def test_ring_positions_come_from_inputs_or_mirrored_state(monkeypatch):
     with pytest.raises(ValueError, match="neither an input nor a state"):
         device_rings.RingPositions(GraphEntry("g.onnx", "x", [], [], rings=[
             RingSpec("a", "b", (1, 1, 4, 2), "float32", 2, "past.nothing")]), {}, np.dtype)
+
+
+def test_onnxruntime_gpu_provider_options_are_documented_ones():
+    """The provider options onnxruntime-gpu's Python API takes (an unknown one makes the
+    provider fail to register): the stream as a decimal address, flags as strings."""
+    from personaplex_edge.runtime.ort_cuda import cuda_providers
+
+    class Stream:
+        handle = 140245000000512
+
+    providers = cuda_providers(Stream(), 1, tensorrt=True, cuda_graph=True, trt_cache="/c")
+    assert [p if isinstance(p, str) else p[0] for p in providers] == [
+        "TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+    trt, cuda = providers[0][1], providers[1][1]
+    assert cuda == {"device_id": "1", "user_compute_stream": "140245000000512",
+                    "enable_cuda_graph": "1"}
+    assert set(trt) == {"device_id", "user_compute_stream", "trt_timing_cache_enable",
+                        "trt_engine_cache_enable", "trt_engine_cache_path",
+                        "trt_timing_cache_path", "trt_cuda_graph_enable"}
+    assert all(isinstance(v, str) for v in (*trt.values(), *cuda.values()))
 
 
 def test_without_cuda_python_or_gpu_the_error_says_what_to_do(monkeypatch):
