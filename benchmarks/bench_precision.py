@@ -3,7 +3,8 @@ token agreement with float32, on a random mid-size model; plus the bandwidth flo
 7B at each precision on a few devices.
 
     python benchmarks/bench_precision.py [--frames 200] [--threads 2] [--config mid|tiny]
-                                         [--precisions fp32,fp16,bf16,int8,int4] [--rounds 3]
+                                         [--precisions fp32,fp16,bf16,int8,int4,int4+int8]
+                                         [--rounds 3]
                                          [--timing-frames 30] [--json out.json]
 
 The model: random weights in the published layout (export/synthetic.py) for Helium d 1024,
@@ -70,13 +71,20 @@ def build_fp32(cfg, work: Path) -> Path:
     return out
 
 
+def split(name: str) -> tuple[str, str | None]:
+    """"int4+int8" -> Helium int4 with an int8 depformer; "int8" -> both int8."""
+    helium, _, depformer = name.partition("+")
+    return helium, depformer or None
+
+
 def build_precision(fp32: Path, work: Path, precision: str) -> Path:
     from personaplex_edge.export.precision import convert_model_dir
 
     out = work / precision
     if not (out / "manifest.json").is_file():
         t0 = time.perf_counter()
-        convert_model_dir(fp32, out, precision, progress=log)
+        helium, depformer = split(precision)
+        convert_model_dir(fp32, out, helium, progress=log, depformer_precision=depformer)
         log(f"{precision}: converted in {time.perf_counter() - t0:.0f} s")
     return out
 
@@ -137,18 +145,24 @@ def seven_b_table() -> list[str]:
     from personaplex_edge.export.precision import plan_for
 
     cfg = PersonaPlexConfig()
-    rows = [("fp32", plan_for("fp32")), ("fp16", plan_for("fp16")),
-            ("bf16", plan_for("bf16")),
-            ("int8, KV fp32 (CPU)", plan_for("int8")),
-            ("int8, KV fp16", plan_for("int8", kv_dtype="float16")),
-            ("int4, KV fp32 (CPU)", plan_for("int4")),
-            ("int4, KV fp16", plan_for("int4", kv_dtype="float16")),
-            ("int4 (TensorRT, block 128), KV fp16", plan_for("int4", "tensorrt"))]
+    int4_trt = plan_for("int4", "tensorrt")
+    rows = [("fp32", plan_for("fp32"), None), ("fp16", plan_for("fp16"), None),
+            ("bf16", plan_for("bf16"), None),
+            ("int8, KV fp32 (CPU)", plan_for("int8"), None),
+            ("int8, KV fp16", plan_for("int8", kv_dtype="float16"), None),
+            ("int4, KV fp32 (CPU)", plan_for("int4"), None),
+            ("int4, KV fp16", plan_for("int4", kv_dtype="float16"), None),
+            ("int4 (TensorRT, block 128), KV fp16", int4_trt, None),
+            ("int4 (TensorRT) + int8 depformer, KV fp16", int4_trt,
+             plan_for("int8", "tensorrt")),
+            ("int4 (TensorRT) + fp16 depformer, KV fp16", int4_trt,
+             plan_for("fp16", "tensorrt"))]
     head = "| 7B precision | weights GB | KV GB | GB/frame | " + " | ".join(
         f"{d} ms" for d in DEVICES) + " |"
     out = [head, "|" + " --- |" * (4 + len(DEVICES))]
-    for label, plan in rows:
-        b = estimate_bytes_per_frame(cfg, layout_for(plan))
+    for label, plan, depformer in rows:
+        b = estimate_bytes_per_frame(cfg, layout_for(plan),
+                                     layout_for(depformer) if depformer else None)
         out.append(f"| {label} | {b['weights'] / 1e9:.2f} | {b['kv'] / 1e9:.2f} | "
                    f"{b['total'] / 1e9:.2f} | "
                    + " | ".join(f"{floor_ms(b['total'], bw):.1f}" for bw in DEVICES.values())
@@ -193,7 +207,8 @@ def main() -> None:
         row = {"disk_bytes": lm_disk_bytes(dirs[p], manifest),
                "frame_bytes": counted["helium_step"] + counted["depformer_step"] + counted["kv"],
                "estimated_frame_bytes": estimate_bytes_per_frame(
-                   cfg, layout_for(plan_for(p)))["total"]}
+                   cfg, layout_for(plan_for(split(p)[0])),
+                   layout_for(plan_for(split(p)[1])) if split(p)[1] else None)["total"]}
         if p in CPU_NOTE:
             row["note"] = CPU_NOTE[p]
         elif p != "fp32":

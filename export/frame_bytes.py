@@ -94,28 +94,36 @@ def layout_for(plan) -> Layout:
     return Layout(_ITEM[plan.compute], kv, plan.bits, block, _ITEM[plan.compute])
 
 
-def linear_shapes(cfg: PersonaPlexConfig) -> list[tuple[int, int]]:
-    """[K, N] of every linear layer one frame runs (Helium, text head, active depformer)."""
+def linear_shapes(cfg: PersonaPlexConfig) -> dict[str, list[tuple[int, int]]]:
+    """[K, N] of every linear layer one frame runs, per graph: Helium with its text head, and
+    the active depformer steps."""
     h, d = cfg.helium, cfg.depformer
     D, I = h.hidden_size, h.intermediate_size
-    shapes = [(D, 3 * D), (D, D), (D, 2 * I), (I, D)] * h.num_hidden_layers
-    shapes.append((D, cfg.text_vocab_size))
+    helium = [(D, 3 * D), (D, D), (D, 2 * I), (I, D)] * h.num_hidden_layers
+    helium.append((D, cfg.text_vocab_size))
     dim, di = d.hidden_size, d.intermediate_size
+    depformer = []
     for _ in range(d.num_active_codebooks):
-        shapes += [(D, dim), (dim, d.card)]
-        shapes += [(dim, 3 * dim), (dim, dim), (dim, 2 * di), (di, dim)] * d.num_hidden_layers
-    return shapes
+        depformer += [(D, dim), (dim, d.card)]
+        depformer += [(dim, 3 * dim), (dim, dim), (dim, 2 * di), (di, dim)] * d.num_hidden_layers
+    return {"helium_step": helium, "depformer_step": depformer}
 
 
-def estimate_bytes_per_frame(cfg: PersonaPlexConfig, layout: Layout) -> dict[str, int]:
-    """Weights and KV bytes per frame for `cfg` stored in `layout` (norm gains and table rows,
-    a few hundred KB, are left out)."""
-    weights = 0
-    for k, n in linear_shapes(cfg):
-        if layout.bits:
-            weights += stored_bytes(k, n, layout.bits, layout.block, layout.scale_bytes)
-        else:
-            weights += k * n * layout.float_bytes
+def _weight_bytes(shapes: list[tuple[int, int]], layout: Layout) -> int:
+    if layout.bits:
+        return sum(stored_bytes(k, n, layout.bits, layout.block, layout.scale_bytes)
+                   for k, n in shapes)
+    return sum(k * n * layout.float_bytes for k, n in shapes)
+
+
+def estimate_bytes_per_frame(cfg: PersonaPlexConfig, layout: Layout,
+                             depformer_layout: Layout | None = None) -> dict[str, int]:
+    """Weights and KV bytes per frame for `cfg` stored in `layout` (the depformer in
+    `depformer_layout` when it has its own; norm gains and table rows, a few hundred KB, are
+    left out)."""
+    shapes = linear_shapes(cfg)
+    weights = (_weight_bytes(shapes["helium_step"], layout)
+               + _weight_bytes(shapes["depformer_step"], depformer_layout or layout))
     h = cfg.helium
     kv = 2 * h.num_hidden_layers * h.max_position_embeddings * h.hidden_size * layout.kv_bytes
     return {"weights": weights, "kv": kv, "total": weights + kv}

@@ -124,16 +124,19 @@ def check_output_space(ckpt: CheckpointFiles, out_dir: str | Path, precision: st
 def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "fp32",
                  backend: str = "onnx", batch: int = 1,
                  progress: Progress = print, verify: str = "auto",
-                 kv_dtype: str | None = None, build_engines: bool = True) -> Manifest:
+                 kv_dtype: str | None = None, build_engines: bool = True,
+                 depformer_precision: str | None = None) -> Manifest:
     """Writes the model directory for `ckpt`: the codec always; the language model, its
     tokenizer and its voice bank when the checkpoint has them. `verify` chooses the LM graphs'
     check (export_lm_graphs_frugal: "auto", "full", "reduced", "off"); the codec is always
     checked in full. The LM graphs are exported in float32, checked, then converted to
-    `precision` for `backend` (see export/precision.py); for TensorRT the engines are built
+    `precision` for `backend` (see export/precision.py; the depformer to `depformer_precision`
+    when given); for TensorRT the engines are built
     for this machine's GPU unless `build_engines` is off."""
-    if precision not in PRECISIONS:
-        raise PersonaPlexError(f"unknown precision {precision}; choose one of "
-                               f"{', '.join(PRECISIONS)}")
+    for p in (precision, depformer_precision or precision):
+        if p not in PRECISIONS:
+            raise PersonaPlexError(f"unknown precision {p}; choose one of "
+                                   f"{', '.join(PRECISIONS)}")
     if backend not in BACKENDS:
         raise PersonaPlexError(f"unknown backend {backend}; choose one of {', '.join(BACKENDS)}")
     if verify not in VERIFY:
@@ -163,7 +166,8 @@ def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "f
                             backend=backend, tokenizer=tokenizer, voices=voices,
                             source=ckpt.source, files=files)
         manifest = convert_precision(stage, manifest, precision, kv_dtype=kv_dtype,
-                                     progress=progress)
+                                     progress=progress,
+                                     depformer_precision=depformer_precision)
         if backend == "tensorrt" and build_engines:
             from .tensorrt_build import build_engines as build
 

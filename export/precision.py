@@ -481,7 +481,7 @@ def convert_graph(src: Path, dst: Path, entry: GraphEntry, plan: PrecisionPlan) 
     data_files = {name: sha256_file(dst.parent / name) for name in written}
     rings = [dataclasses.replace(r, dtype=plan.kv_dtype) for r in entry.rings]
     return dataclasses.replace(entry, file=dst.name, sha256=sha256_file(dst),
-                               data_files=data_files, rings=rings)
+                               data_files=data_files, rings=rings, precision=plan.precision)
 
 
 def _raise_opset(g: _Graph, version: int) -> None:
@@ -501,59 +501,79 @@ def _add_opset(g: _Graph, domain: str, version: int) -> None:
         g.model.opset_import.append(helper.make_opsetid(domain, version))
 
 
+def lm_plans(precision: str, backend: str = "onnx", kv_dtype: str | None = None,
+             block_size: int | None = None,
+             depformer_precision: str | None = None) -> dict[str, PrecisionPlan]:
+    """The plan of each LM graph. The depformer may take its own precision: it is ~5% of the
+    7B's bytes per frame and makes every audio token, so an int4 Helium with an int8 or fp16
+    depformer costs little and keeps the audio closer (bench_precision.py measures it). It has
+    no KV ring."""
+    return {"helium_step": plan_for(precision, backend, kv_dtype, block_size),
+            "depformer_step": plan_for(depformer_precision or precision, backend, None,
+                                       block_size)}
+
+
+def _rewrites(plan: PrecisionPlan) -> bool:
+    return plan.precision != "fp32" or plan.kv_dtype != "float32"
+
+
+def _convert_lm(src: Path, dst: Path, manifest: Manifest, plans: dict[str, PrecisionPlan],
+                progress: Progress) -> dict[str, GraphEntry]:
+    """Converts the LM graphs of `src` into `dst` (the same directory: in place); returns all
+    graph entries, the converted ones updated."""
+    graphs = dict(manifest.graphs)
+    for name, plan in plans.items():
+        if name not in graphs or not _rewrites(plan):
+            continue
+        before = _dir_bytes(src, graphs[name])
+        graphs[name] = convert_graph(src / graphs[name].file, dst / graphs[name].file,
+                                     graphs[name], plan)
+        after = _dir_bytes(dst, graphs[name])
+        progress(f"  {graphs[name].file}: {plan.precision}"
+                 + (f" ({plan.weight_format}, {plan.bits}-bit, block {plan.block_size})"
+                    if plan.bits else "")
+                 + (f", KV {plan.kv_dtype}" if graphs[name].rings else "")
+                 + f": {before / 1e6:.0f} -> {after / 1e6:.0f} MB")
+    return graphs
+
+
 def convert_precision(model_dir: str | Path, manifest: Manifest, precision: str,
                       kv_dtype: str | None = None, block_size: int | None = None,
-                      progress: Progress = print) -> Manifest:
+                      progress: Progress = print,
+                      depformer_precision: str | None = None) -> Manifest:
     """Rewrites the LM graphs of a float32 model directory (in place; meant for the export's
-    staging directory) to `precision`, for the manifest's backend. Returns the manifest to
-    write: graph entries with new sha256s and ring dtypes, `precision` set."""
+    staging directory) to `precision` (the depformer to `depformer_precision` when given), for
+    the manifest's backend. Returns the manifest to write: graph entries with new sha256s,
+    precisions and ring dtypes, `precision` set."""
     model_dir = Path(model_dir)
     if manifest.precision != "fp32":
         raise PersonaPlexError(f"{model_dir} is already {manifest.precision}; convert from a "
                                "float32 export")
-    plan = plan_for(precision, manifest.backend, kv_dtype, block_size)
-    if plan.precision == "fp32" and plan.kv_dtype == "float32":
-        return manifest
-    graphs = dict(manifest.graphs)
-    for name in LM_GRAPHS:
-        if name not in graphs:
-            continue
-        before = _dir_bytes(model_dir, graphs[name])
-        path = model_dir / graphs[name].file
-        graphs[name] = convert_graph(path, path, graphs[name], plan)
-        after = _dir_bytes(model_dir, graphs[name])
-        progress(f"  {graphs[name].file}: {precision}"
-                 + (f" ({plan.weight_format}, {plan.bits}-bit, block {plan.block_size})"
-                    if plan.bits else "")
-                 + f", KV {plan.kv_dtype}: {before / 1e6:.0f} -> {after / 1e6:.0f} MB")
+    plans = lm_plans(precision, manifest.backend, kv_dtype, block_size, depformer_precision)
+    graphs = _convert_lm(model_dir, model_dir, manifest, plans, progress)
     return dataclasses.replace(manifest, graphs=graphs, precision=precision)
 
 
 def convert_model_dir(src: str | Path, dst: str | Path, precision: str,
                       backend: str = "onnx", kv_dtype: str | None = None,
-                      block_size: int | None = None, progress: Progress = print) -> Manifest:
+                      block_size: int | None = None, progress: Progress = print,
+                      depformer_precision: str | None = None) -> Manifest:
     """A `precision` copy of the float32 model directory `src` in `dst` (written atomically;
     `src` is left as it is): the codec, tokenizer and voices copied, the LM graphs converted."""
     from personaplex_edge.manifest import load_model_dir, staged_dir, write_manifest
 
     src, dst = Path(src), Path(dst)
     manifest = dataclasses.replace(load_model_dir(src), backend=backend)
+    plans = lm_plans(precision, backend, kv_dtype, block_size, depformer_precision)
     with staged_dir(dst) as stage:
         for name, entry in manifest.graphs.items():
-            if name not in LM_GRAPHS:
+            if name not in plans or not _rewrites(plans[name]):
                 for f in (entry.file, *entry.data_files):
                     shutil.copy2(src / f, stage / f)
         for f in manifest.files:
             (stage / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src / f, stage / f)
-        plan = plan_for(precision, backend, kv_dtype, block_size)
-        graphs = dict(manifest.graphs)
-        for name in LM_GRAPHS:
-            if name in graphs:
-                graphs[name] = convert_graph(src / graphs[name].file, stage / graphs[name].file,
-                                             graphs[name], plan)
-                progress(f"  {graphs[name].file}: {precision}, KV {plan.kv_dtype}, "
-                         f"{_dir_bytes(stage, graphs[name]) / 1e6:.0f} MB")
+        graphs = _convert_lm(src, stage, manifest, plans, progress)
         manifest = dataclasses.replace(manifest, graphs=graphs, precision=precision)
         write_manifest(stage, manifest)
     return manifest

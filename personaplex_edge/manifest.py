@@ -136,6 +136,9 @@ class GraphEntry:
     rings: list[RingSpec] = field(default_factory=list)
     # a TensorRT engine built from this graph: file, sha256, TensorRT version, GPU capability
     engine: dict[str, Any] | None = None
+    # how its weights are stored: the codec stays fp32; the LM graphs may differ from each
+    # other (e.g. an int4 Helium with an int8 depformer)
+    precision: str = "fp32"
 
     def to_dict(self) -> dict[str, Any]:
         out = {"file": self.file, "sha256": self.sha256,
@@ -143,7 +146,7 @@ class GraphEntry:
                "outputs": [t.to_dict() for t in self.outputs],
                "state": [s.to_dict() for s in self.state],
                "rings": [r.to_dict() for r in self.rings],
-               "data_files": dict(self.data_files)}
+               "data_files": dict(self.data_files), "precision": self.precision}
         if self.engine is not None:
             out["engine"] = dict(self.engine)
         return out
@@ -154,7 +157,8 @@ class GraphEntry:
                    [TensorSpec.from_dict(t) for t in d["outputs"]],
                    [StateSpec.from_dict(s) for s in d.get("state", [])],
                    dict(d.get("data_files", {})),
-                   [RingSpec.from_dict(r) for r in d.get("rings", [])], d.get("engine"))
+                   [RingSpec.from_dict(r) for r in d.get("rings", [])], d.get("engine"),
+                   d.get("precision", "fp32"))
 
     def split_rings(self, input_prefix: str = "past_key_values.", output_prefix: str = "present.",
                     position: str = "position") -> "GraphEntry":
@@ -182,7 +186,7 @@ class Manifest:
     config: PersonaPlexConfig
     graphs: dict[str, GraphEntry]
     contents: list[str]  # what the directory can do: "codec", "lm"
-    precision: str = "fp32"
+    precision: str = "fp32"  # the LM's (Helium's); each graph entry has its own
     backend: str = "onnx"
     tokenizer: str | None = None
     voices: str | None = None

@@ -64,6 +64,9 @@ def converted(fp32_dir) -> dict[str, Path]:
         out[f"qdq-{precision}"] = fp32_dir.parent / f"qdq-{precision}"
         convert_model_dir(fp32_dir, out[f"qdq-{precision}"], precision, backend="tensorrt",
                           progress=lambda s: None)
+    out["int4+int8"] = fp32_dir.parent / "int4+int8"  # Helium int4, depformer int8
+    convert_model_dir(fp32_dir, out["int4+int8"], "int4", progress=lambda s: None,
+                      depformer_precision="int8")
     return out
 
 
@@ -131,7 +134,8 @@ def test_stored_bytes_match_the_plan(fp32_dir, converted):
 
     cfg = preset("tiny")
     totals = {}
-    for name, path in [("fp32", fp32_dir)] + list(converted.items()):
+    uniform = [(n, p) for n, p in converted.items() if "+" not in n]  # mixed: its own test
+    for name, path in [("fp32", fp32_dir)] + uniform:
         precision = name.removeprefix("qdq-")
         plan = plan_for(precision, "tensorrt" if name.startswith("qdq-") else "onnx")
         counted = model_bytes_per_frame(path, load_model_dir(path))
@@ -145,6 +149,40 @@ def test_stored_bytes_match_the_plan(fp32_dir, converted):
     assert totals["bf16"] == totals["fp16"]
     assert totals["int8"] < 0.6 * totals["fp16"]
     assert totals["int4"] < 0.65 * totals["int8"]
+
+
+def _matmulnbits_bits(path: Path) -> set[int]:
+    model = onnx.load(str(path), load_external_data=False)
+    return {a.i for n in model.graph.node if n.op_type == "MatMulNBits"
+            for a in n.attribute if a.name == "bits"}
+
+
+def test_the_depformer_takes_its_own_precision(converted, user_codes, fp32_tokens):
+    """int4 Helium + int8 depformer: each graph stores its own format and says so in the
+    manifest; teacher-forced, the text tokens (Helium's alone) are exactly int4's, and the
+    audio tokens (the depformer's) agree with float32 at least as often as with int4 alone."""
+    from personaplex_edge.export.frame_bytes import (estimate_bytes_per_frame, layout_for,
+                                                     model_bytes_per_frame)
+    from personaplex_edge.export.precision import plan_for
+
+    mixed = converted["int4+int8"]
+    manifest = load_model_dir(mixed)
+    assert manifest.precision == "int4"
+    assert {n: g.precision for n, g in manifest.graphs.items()} == {
+        "mimi_encoder": "fp32", "mimi_decoder": "fp32", "helium_step": "int4",
+        "depformer_step": "int8"}
+    assert _matmulnbits_bits(mixed / "helium_step.onnx") == {4}
+    assert _matmulnbits_bits(mixed / "depformer_step.onnx") == {8}
+    counted = model_bytes_per_frame(mixed, manifest)
+    est = estimate_bytes_per_frame(preset("tiny"), layout_for(plan_for("int4")),
+                                   layout_for(plan_for("int8")))
+    weights = counted["helium_step"] + counted["depformer_step"]
+    assert abs(weights - est["weights"]) <= 0.02 * est["weights"], (weights, est)
+
+    a_mixed = _forced_agreement(mixed, user_codes, fp32_tokens)
+    a_int4 = _forced_agreement(converted["int4"], user_codes, fp32_tokens)
+    assert a_mixed["text"] == a_int4["text"]
+    assert a_mixed["audio"] >= a_int4["audio"], (a_mixed, a_int4)
 
 
 def test_sensitive_ops_stay_float32(converted):
@@ -237,11 +275,15 @@ def test_refuses_what_it_cannot_do(fp32_dir, converted, tmp_path):
     # in place (the export's staging use): the directory stays valid, its fp32 files replaced
     stage = tmp_path / "stage"
     shutil.copytree(fp32_dir, stage)
-    manifest = convert_precision(stage, load_model_dir(stage), "fp16", progress=lambda s: None)
+    manifest = convert_precision(stage, load_model_dir(stage), "fp16", progress=lambda s: None,
+                                 depformer_precision="int8")
     from personaplex_edge.manifest import write_manifest
 
     write_manifest(stage, manifest)
-    assert load_model_dir(stage).precision == "fp16"
+    done = load_model_dir(stage)
+    assert done.precision == "fp16"
+    assert [done.graphs[g].precision for g in ("helium_step", "depformer_step")] == \
+        ["fp16", "int8"]
 
 
 def test_tensorrt_form_uses_only_ops_tensorrt_parses(converted):
