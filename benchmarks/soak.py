@@ -1,7 +1,7 @@
 """Soak: a long conversation on the built-in demo model, far past its context, watching for a
 latency ramp and memory growth.
 
-    python benchmarks/soak.py [--frames 10000] [--model DIR] [--json out.json]
+    python benchmarks/soak.py [--frames 10000] [--model DIR | --context 3000] [--json out.json]
 
 Prints frame p50 of the first and last 1000 frames (after warm-up) and their ratio, the paired
 ratio (the old session against a fresh one, stepped alternately: immune to machine drift), and
@@ -97,17 +97,26 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--frames", type=int, default=10000)
     ap.add_argument("--model", help="model directory (default: export the demo model)")
+    ap.add_argument("--context", type=int,
+                    help="export the demo model with this context instead of its 500 frames "
+                         "(e.g. the 7B's 3000)")
     ap.add_argument("--json")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(args.model) if args.model else None
         if model is None:
+            import dataclasses
+
             from personaplex_edge.config import preset
             from personaplex_edge.export.hub import resolve_checkpoint
             from personaplex_edge.export.model_export import export_model
             from personaplex_edge.export.synthetic import write_synthetic_checkpoint
 
-            ckpt = write_synthetic_checkpoint(preset("demo"), Path(tmp) / "ckpt")
+            cfg = preset("demo")
+            if args.context:
+                cfg = dataclasses.replace(cfg, helium=dataclasses.replace(
+                    cfg.helium, max_position_embeddings=args.context))
+            ckpt = write_synthetic_checkpoint(cfg, Path(tmp) / "ckpt")
             model = Path(tmp) / "model"
             export_model(resolve_checkpoint(str(ckpt)), model, progress=lambda s: None)
         r = soak(model, args.frames)
