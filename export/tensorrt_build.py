@@ -146,7 +146,9 @@ def build_engines(model_dir: str | Path, manifest: Manifest | None = None,
     for name in names:
         entry = entries[name]
         engine = model_dir / (Path(entry.file).stem + ".engine")
-        spec = build_engine(model_dir / entry.file, engine, manifest.precision, timing_cache,
+        # each graph's own precision: the codec stays fp32 (TF32 off) inside an fp16 model,
+        # and the depformer may differ from Helium
+        spec = build_engine(model_dir / entry.file, engine, entry.precision, timing_cache,
                             workspace_bytes, progress)
         entries[name] = dataclasses.replace(entry, engine=spec.to_dict())
     return dataclasses.replace(manifest, graphs=entries, backend="tensorrt")

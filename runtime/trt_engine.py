@@ -27,7 +27,7 @@ class EngineSpec:
     tensorrt_version: str  # trt.__version__ of the builder, e.g. "10.8.0.43"
     compute_capability: str  # "9.0" (H100/H200), "8.7" (Jetson Orin), "8.9" (RTX 4090)
     device_name: str  # for the user's information only
-    precision: str  # the model directory's precision when built
+    precision: str  # the graph's precision when built
     build_seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:

@@ -409,6 +409,30 @@ def test_engine_build_on_simulated_tensorrt(simulated, tmp_path, monkeypatch):
     assert b"Simulated GPU" in cache.read_bytes()  # replaced by this GPU's
 
 
+def test_engines_are_built_at_each_graph_own_precision(tiny_fp32, tmp_path, monkeypatch):
+    """In an fp16 model with an int8 depformer, the codec's engines are built as float32
+    (TF32 off: its codes must match the CPU's) and each engine records its graph's precision."""
+    import sys
+
+    import fake_gpu
+
+    from personaplex_edge.export.precision import convert_model_dir
+    from personaplex_edge.export.tensorrt_build import build_engines
+
+    model = tmp_path / "mixed"
+    convert_model_dir(tiny_fp32, model, "fp16", backend="tensorrt", progress=lambda s: None,
+                      depformer_precision="int8")
+    fake_gpu.install(monkeypatch, model)
+    trt = sys.modules["tensorrt"]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    manifest = build_engines(model, progress=lambda s: None)
+    built = {name: g.engine["precision"] for name, g in manifest.graphs.items()}
+    assert built == {"mimi_encoder": "fp32", "mimi_decoder": "fp32", "helium_step": "fp16",
+                     "depformer_step": "int8"}
+    tf32 = [trt.BuilderFlag.TF32 in config.flags for _, config in trt.builds]
+    assert tf32 == [False, False, True, True]  # in manifest order: the codec first
+
+
 def test_gpu_check_stages_on_simulated_gpu(simulated, tmp_path, monkeypatch):
     """scripts/gpu_check.py's TensorRT stages - engine build, eager and captured LM frames,
     codec - on the simulated GPU: each prints ms/frame and compares with onnxruntime CPU
