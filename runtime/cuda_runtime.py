@@ -9,6 +9,7 @@ backend is used; without cuda-python, `cudart()` says what to install.
 from __future__ import annotations
 
 import ctypes
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,12 +85,31 @@ def gpu_available() -> tuple[bool, str]:
     return True, f"{info.name} (compute capability {info.compute_capability})"
 
 
+def _release(name: str, handle) -> None:
+    """Frees a CUDA resource from a finalizer: an error there (the process tearing the context
+    down first) has nobody to report to and nothing left to leak."""
+    try:
+        call(name, handle)
+    except CudaError:
+        pass
+
+
+def _on_collect(owner, name: str, handle) -> weakref.finalize:
+    """Frees `handle` with cudart.<name> when `owner` is collected, or at an explicit call of
+    the returned finalizer (once either way). Not at interpreter exit: by then the CUDA context
+    may be gone, and the driver frees everything with the process anyway."""
+    free = weakref.finalize(owner, _release, name, handle)
+    free.atexit = False
+    return free
+
+
 class Stream:
     """A non-blocking stream: the backends' work, copies included, is ordered on it."""
 
     def __init__(self):
         rt = cudart()
         self._stream = call("cudaStreamCreateWithFlags", rt.cudaStreamNonBlocking)
+        self._free = _on_collect(self, "cudaStreamDestroy", self._stream)
 
     @property
     def handle(self) -> int:
@@ -103,22 +123,22 @@ class Stream:
         call("cudaStreamSynchronize", self._stream)
 
     def close(self) -> None:
-        if self._stream is not None:
-            call("cudaStreamDestroy", self._stream)
-            self._stream = None
+        self._free()
+        self._stream = None
 
 
 class DeviceBuffer:
-    """`nbytes` of device memory (at least 1: zero-sized tensors still need an address)."""
+    """`nbytes` of device memory (at least 1: zero-sized tensors still need an address),
+    freed by close() or when the buffer is collected."""
 
     def __init__(self, nbytes: int):
         self.nbytes = int(nbytes)
         self.ptr = int(call("cudaMalloc", max(self.nbytes, 1)))
+        self._free = _on_collect(self, "cudaFree", self.ptr)
 
     def close(self) -> None:
-        if self.ptr:
-            call("cudaFree", self.ptr)
-            self.ptr = 0
+        self._free()
+        self.ptr = 0
 
 
 class PinnedArray:
@@ -130,15 +150,18 @@ class PinnedArray:
         nbytes = max(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, 1)
         self.ptr = int(call("cudaMallocHost", nbytes))
         raw = (ctypes.c_byte * nbytes).from_address(self.ptr)
+        # freed when the last numpy view of it goes (every view keeps `raw` alive), not
+        # merely when this object does: a caller may still hold an output array
+        self._free = _on_collect(raw, "cudaFreeHost", self.ptr)
         count = int(np.prod(shape, dtype=np.int64))
         self.array = np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)  # [shape]
         self.array[...] = 0
 
     def close(self) -> None:
-        if self.ptr:
-            self.array = None
-            call("cudaFreeHost", self.ptr)
-            self.ptr = 0
+        """Frees the memory now: views of `array` must not be used after this."""
+        self.array = None
+        self._free()
+        self.ptr = 0
 
 
 def copy_to_device(dst: int, host: np.ndarray, stream: Stream, src_ptr: int | None = None):

@@ -102,6 +102,20 @@ class Session:
         manifest = load_model_dir(model_dir, need="lm", progress=progress)
         return cls(model_dir, manifest, sampling, device, threads)
 
+    def close(self) -> None:
+        """Releases the graphs' memory now (device memory and pinned buffers on a GPU
+        backend); the session cannot run after this. Dropping it does the same, later."""
+        for graph in (self.codec.encoder, self.codec.decoder, self.helium, self.depformer):
+            close = getattr(graph, "close", None)
+            if close is not None:
+                close()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     # -- settings ---------------------------------------------------------------------------
     def set_sampling(self, sampling: SamplingParams) -> None:
         sampling.check(self._h["text_noise"].shape[-1], self._d["audio_noise"].shape[-1])

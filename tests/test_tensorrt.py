@@ -409,6 +409,31 @@ def test_engine_build_on_simulated_tensorrt(simulated, tmp_path, monkeypatch):
     assert b"Simulated GPU" in cache.read_bytes()  # replaced by this GPU's
 
 
+def test_device_memory_is_freed_by_close_and_by_dropping_a_session(simulated):
+    """A voice assistant that reloads its model must not leak GPU memory: Session.close()
+    frees every device and pinned buffer at once, and a session merely dropped frees them
+    when it is collected."""
+    import gc
+
+    from personaplex_edge.manifest import write_manifest
+    from personaplex_edge.runtime.session import SamplingParams, Session
+
+    model, cuda = simulated
+    write_manifest(model, dataclasses.replace(load_model_dir(model), backend="tensorrt"))
+    idle = len(cuda._memory)
+    pcm = np.zeros(1920, np.float32)
+    with Session.load(model, SamplingParams(greedy=True)) as session:
+        for _ in range(3):
+            session.step(pcm)
+        assert len(cuda._memory) > idle + 20  # rings, state, inputs, outputs of four graphs
+    assert len(cuda._memory) == idle
+    session = Session.load(model, SamplingParams(greedy=True))
+    session.step(pcm)
+    del session
+    gc.collect()
+    assert len(cuda._memory) == idle
+
+
 def test_engines_are_built_at_each_graph_own_precision(tiny_fp32, tmp_path, monkeypatch):
     """In an fp16 model with an int8 depformer, the codec's engines are built as float32
     (TF32 off: its codes must match the CPU's) and each engine records its graph's precision."""
