@@ -60,6 +60,10 @@ def run_paced(step: FrameStep, pcm: np.ndarray, model_rate: int = 24000,
                and time.monotonic() < deadline):
             time.sleep(0.005)
     except KeyboardInterrupt:
+        # a recording has its own end: Ctrl-C aborts (no output), unlike --mic where it is
+        # the way to stop; the worker is stopped first so nothing runs on behind the caller
         loop.stats.interrupted = True
+        loop.stop()
+        raise
     loop.stop()  # re-raises a worker error
     return played[:pcm.shape[0] + tail], loop

@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -148,6 +151,24 @@ def test_run_realtime_goes_through_the_live_loop(demo_model_dir, tmp_path, capsy
     # every whole frame of the recording was processed or dropped (a drop of part of a frame
     # counts as one, so the sum may reach one more)
     assert n // 1920 <= processed + dropped <= n // 1920 + 1
+
+
+def test_run_realtime_ctrl_c_aborts_without_output(demo_model_dir, tmp_path):
+    """A recording has its own end, so Ctrl-C during --realtime is an abort: the live loop is
+    stopped, exit status 130, and no answer file is left."""
+    src, _ = _write_input(tmp_path, seconds=8.0)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "personaplex_edge.cli", "run", "--model", str(demo_model_dir),
+         "--input", str(src), "--output", str(tmp_path / "rt.wav"), "--realtime",
+         "--no-persona", "--device", "cpu"], stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:  # the live loop's first status line: the loop is running
+        if line.startswith("frames "):
+            break
+    proc.send_signal(signal.SIGINT)
+    err = proc.stderr.read()
+    assert proc.wait(timeout=30) == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert not (tmp_path / "rt.wav").exists()
 
 
 @pytest.mark.parametrize("case", ["long-prompt", "codec-only", "bad-input", "no-voice-bank",
