@@ -28,9 +28,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 os.environ.setdefault("NO_TORCH_COMPILE", "1")
 
-MID_LM = {"helium": {"hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 16,
-                     "intermediate_size": 2816, "max_position_embeddings": 3000},
-          "depformer": {"dep_q": 8, "num_active_codebooks": 8}}
 
 
 def log(msg: str) -> None:
@@ -38,11 +35,11 @@ def log(msg: str) -> None:
 
 
 def config(name: str):
-    from personaplex_edge.config import PersonaPlexConfig, preset
+    from mid_model import mid_config
 
-    if name == "tiny":
-        return preset("tiny")
-    return PersonaPlexConfig.from_dict(json.loads(json.dumps(MID_LM)), where="bench mid")
+    from personaplex_edge.config import preset
+
+    return preset("tiny") if name == "tiny" else mid_config()
 
 
 def build(cfg, work: Path, mimi, lm) -> Path:

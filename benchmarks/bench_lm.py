@@ -32,12 +32,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 os.environ.setdefault("NO_TORCH_COMPILE", "1")
 
-MID = {"helium": {"hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 16,
-                  "intermediate_size": 2816, "max_position_embeddings": 3000},
-       # the real depformer; dep_q 8 (Moshi-7B's) keeps the reference's copy of steps 8-15 out
-       # of memory: LMGen runs 8 steps either way
-       "depformer": {"dep_q": 8, "num_active_codebooks": 8}}
-
 
 def stats(ms: list[float]) -> dict[str, float]:
     a = np.asarray(ms)
@@ -257,23 +251,34 @@ def main() -> None:
     ap.add_argument("--config", choices=("mid", "tiny"), default="mid",
                     help="tiny: the test preset, a quick smoke run of this script")
     ap.add_argument("--json")
+    ap.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    shared_pool = share_one_thread_pool(args.threads)  # before any session exists
+    work = Path(args.work) / args.config
+    if not args.build_only and not (work / "graphs" / "done").is_file():
+        # the export checks its graphs in onnxruntime sessions of its own, which a process-wide
+        # pool would refuse: build in a child process, then measure here with the pool
+        import subprocess
+
+        subprocess.run([sys.executable, __file__, "--build-only", "--config", args.config,
+                        "--work", args.work], check=True)
+    shared_pool = False if args.build_only else share_one_thread_pool(args.threads)
 
     import torch
 
     torch.set_num_threads(args.threads)
-    from personaplex_edge.config import PersonaPlexConfig, preset
+    from mid_model import mid_config
+
+    from personaplex_edge.config import preset
 
     def log(msg: str) -> None:
         print(msg, flush=True)
 
-    cfg = preset("tiny") if args.config == "tiny" else \
-        PersonaPlexConfig.from_dict(json.loads(json.dumps(MID)), where="bench mid")
-    work = Path(args.work) / args.config
+    cfg = preset("tiny") if args.config == "tiny" else mid_config()
     work.mkdir(parents=True, exist_ok=True)
     ckpt = build(cfg, work, log)
+    if args.build_only:
+        return
     graphs = work / "graphs"
     n = args.frames + args.warmup
     user = np.random.default_rng(0).integers(0, cfg.audio_vocab_size, (n, 8)).astype(np.int64)

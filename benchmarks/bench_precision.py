@@ -35,10 +35,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from mid_model import mid_config
 
-MID = {"helium": {"hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 16,
-                  "intermediate_size": 2816, "max_position_embeddings": 3000},
-       "depformer": {"dep_q": 8, "num_active_codebooks": 8}}
 CPU_NOTE = {"bf16": "onnxruntime CPU has no bf16 MatMul (GPU only)"}
 
 
@@ -47,12 +45,11 @@ def log(msg: str) -> None:
 
 
 def config(name: str):
-    from personaplex_edge.config import PRESETS, PersonaPlexConfig, preset
+    from personaplex_edge.config import preset
 
     if name == "tiny":
         return preset("tiny")
-    return PersonaPlexConfig.from_dict({**json.loads(json.dumps(MID)),
-                                        "mimi": dict(PRESETS["tiny"]["mimi"])}, where="mid")
+    return mid_config(tiny_codec=True)
 
 
 def build_fp32(cfg, work: Path) -> Path:
