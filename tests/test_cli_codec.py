@@ -80,7 +80,8 @@ def test_unknown_model_lists_the_builtin_ones(tmp_path, capsys):
 
 
 def test_runtime_codec_runs_without_torch(tiny_codec_dir, tmp_path):
-    """Import the runtime and run the codec in a fresh interpreter where torch cannot load."""
+    """Import every runtime and core module and run the codec in a fresh interpreter where
+    torch cannot load."""
     script = f"""
 import sys
 class _NoTorch:
@@ -88,7 +89,14 @@ class _NoTorch:
         if name == "torch" or name.startswith("torch."):
             raise ImportError("torch is not allowed in the runtime")
 sys.meta_path.insert(0, _NoTorch())
-import personaplex_edge.runtime
+import importlib, pkgutil
+import personaplex_edge, personaplex_edge.runtime
+# every module of the runtime and of the shared core, whether or not the codec path uses it
+for pkg in (personaplex_edge.runtime, personaplex_edge):
+    for info in pkgutil.iter_modules(pkg.__path__):
+        if pkg is personaplex_edge and info.name in ("export", "runtime"):
+            continue
+        importlib.import_module(pkg.__name__ + "." + info.name)
 from personaplex_edge.cli import main
 rc = main(["codec", "--model", {str(tiny_codec_dir)!r}, "--input", {str(SPEECH)!r},
            "--output", {str(tmp_path / 'r.wav')!r}, "--device", "cpu"])
