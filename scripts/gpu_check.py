@@ -118,7 +118,11 @@ def convert(fp32: Path, work: Path, precision: str, backend: str) -> Path:
 
             write_manifest(out, dataclasses.replace(load_model_dir(out), backend=backend))
         else:
-            convert_model_dir(fp32, out, precision, backend=backend, progress=lambda s: None)
+            from bench_precision import split
+
+            helium, depformer = split(precision)  # "int4+int8": an int8 depformer
+            convert_model_dir(fp32, out, helium, backend=backend, progress=lambda s: None,
+                              depformer_precision=depformer)
     return out
 
 
@@ -284,6 +288,8 @@ def environment(cpu_only: bool) -> str:
 
 
 def report(bytes_mid: dict[str, int]) -> None:
+    from bench_precision import split
+
     from personaplex_edge.config import PersonaPlexConfig
     from personaplex_edge.export.frame_bytes import (DEVICES, estimate_bytes_per_frame,
                                                      floor_ms, layout_for)
@@ -317,25 +323,30 @@ def report(bytes_mid: dict[str, int]) -> None:
     cfg = PersonaPlexConfig()
     say("| precision | GB/frame | " + " | ".join(f"{d} ms" for d in DEVICES) + " |")
     say("| --- | ---: |" + " ---: |" * len(DEVICES))
-    for label, plan in (("fp16", plan_for("fp16", "tensorrt")),
+    for label, plan, *depformer in (("fp16", plan_for("fp16", "tensorrt")),
                         ("bf16", plan_for("bf16", "tensorrt")),
                         ("int8 (TensorRT)", plan_for("int8", "tensorrt")),
                         ("int4 (TensorRT)", plan_for("int4", "tensorrt")),
+                        ("int4 + int8 depformer (TensorRT)", plan_for("int4", "tensorrt"),
+                         plan_for("int8", "tensorrt")),
                         ("int4 (onnxruntime), KV fp16", plan_for("int4", kv_dtype="float16"))):
-        b = estimate_bytes_per_frame(cfg, layout_for(plan))["total"]
+        b = estimate_bytes_per_frame(cfg, layout_for(plan),
+                                     layout_for(depformer[0]) if depformer else None)["total"]
         say(f"| {label} | {b / 1e9:.2f} | "
             + " | ".join(f"{floor_ms(b, bw):.1f}" for bw in DEVICES.values()) + " |")
     # projection from the measured mid model: achieved bandwidth carried over to the 7B bytes
     for t in TIMINGS:
         key = t["model"]
         if "total_ms" in t and key in bytes_mid and t["backend"].startswith("trt"):
-            precision = key.split(" ")[-1].split("-")[0]
+            helium, depformer = split(key.split(" ")[-1].split("-")[0])
             try:
-                plan = plan_for(precision, "tensorrt")
+                plan = plan_for(helium, "tensorrt")
+                dep = plan_for(depformer, "tensorrt") if depformer else None
             except Exception:  # noqa: BLE001
                 continue
             gbps = bytes_mid[key] / (t["total_ms"] / 1000) / 1e9
-            full = estimate_bytes_per_frame(cfg, layout_for(plan))["total"]
+            full = estimate_bytes_per_frame(cfg, layout_for(plan),
+                                            layout_for(dep) if dep else None)["total"]
             say(f"- {key} on {t['backend']}: {bytes_mid[key] / 1e6:.0f} MB/frame in "
                 f"{t['total_ms']:.2f} ms = {gbps:.0f} GB/s; at that rate the 7B "
                 f"({full / 1e9:.1f} GB/frame) would take {full / (gbps * 1e9) * 1000:.1f} ms "
@@ -442,7 +453,8 @@ def main() -> None:
     # per config: (precision, backend, graphs to build engines for), most important first
     plans = {"tiny": [("fp32", "tensorrt", everything), ("fp16", "tensorrt", everything),
                       ("int4", "onnx", None), ("int4", "tensorrt", lm)],
-             "mid": [("fp16", "tensorrt", lm), ("int4", "tensorrt", lm), ("int4", "onnx", None),
+             "mid": [("fp16", "tensorrt", lm), ("int4", "tensorrt", lm),
+                     ("int4+int8", "tensorrt", lm), ("int4", "onnx", None),
                      ("fp32", "tensorrt", lm), ("bf16", "tensorrt", lm), ("int8", "tensorrt", lm),
                      ("fp8", "tensorrt", lm)]}
     for name in [c for c in args.configs.split(",") if c]:
