@@ -87,10 +87,10 @@ _CONVERTED_RATIO = {"fp32": 0.0, "fp16": 0.51, "bf16": 0.51, "fp8": 0.3, "int8":
                     "int4": 0.22}
 
 
-def output_bytes(ckpt: CheckpointFiles, precision: str = "fp32", backend: str = "onnx") -> int:
+def output_bytes(ckpt: CheckpointFiles, precision: str = "fp32", engines: bool = False) -> int:
     """About the most the export holds on disk at once. The LM is written in float32 first;
     converting it to `precision` writes the converted weights beside the float32 files before
-    removing them; TensorRT engines (about the size of the graph they come from) are built
+    removing them; TensorRT `engines` (about the size of the graph they come from) are built
     after that, beside the converted graphs."""
     need = ckpt.mimi.stat().st_size  # Mimi is float32 already
     if ckpt.lm is not None:
@@ -98,9 +98,9 @@ def output_bytes(ckpt: CheckpointFiles, precision: str = "fp32", backend: str = 
 
         plans = {**helium_plan(ckpt.config), **depformer_plan(ckpt.config)}
         lm = sum(p.nbytes for p in plans.values())
-        converted = _CONVERTED_RATIO[precision] if precision in _CONVERTED_RATIO else 1.0
+        converted = _CONVERTED_RATIO[precision]
         peak = 1 + converted
-        if backend == "tensorrt":
+        if engines:
             peak = max(peak, 2 * (converted or 1.0))
         need += int(lm * peak)
         need += sum(f.stat().st_size for f in (ckpt.tokenizer, ckpt.voices) if f is not None)
@@ -108,17 +108,18 @@ def output_bytes(ckpt: CheckpointFiles, precision: str = "fp32", backend: str = 
 
 
 def check_output_space(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "fp32",
-                       backend: str = "onnx") -> None:
+                       engines: bool = False) -> None:
     """Refuses to start an export whose output cannot fit on the disk it goes to."""
     probe = Path(out_dir).expanduser().absolute().parent
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
-    need = int(output_bytes(ckpt, precision, backend) * 1.02)
+    need = int(output_bytes(ckpt, precision, engines) * 1.02)
     free = shutil.disk_usage(probe).free
     if need > free:
-        raise PersonaPlexError(f"the export ({precision}, {backend}) needs ~{need / 1e9:.1f} GB "
-                               f"in {probe} at its peak, which has {free / 1e9:.1f} GB free: "
-                               "free some space or choose another --out")
+        what = precision + (" with TensorRT engines" if engines else "")
+        raise PersonaPlexError(f"the export ({what}) needs ~{need / 1e9:.1f} GB in {probe} at "
+                               f"its peak, which has {free / 1e9:.1f} GB free: free some space "
+                               "or choose another --out")
 
 
 def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "fp32",
@@ -142,7 +143,7 @@ def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "f
     if verify not in VERIFY:
         raise PersonaPlexError(f"verify {verify!r} is not one of {', '.join(VERIFY)}")
     cfg = ckpt.config
-    check_output_space(ckpt, out_dir, precision, backend)
+    check_output_space(ckpt, out_dir, precision, engines=backend == "tensorrt" and build_engines)
     progress(f"loading Mimi from {ckpt.mimi}")
     mimi = load_mimi(ckpt.mimi, cfg.mimi)
     with staged_dir(out_dir) as stage:

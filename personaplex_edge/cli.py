@@ -83,6 +83,7 @@ def cmd_codec(args) -> int:
 
     if args.codes_out is None and args.output is None:
         raise PersonaPlexError("nothing to write: give --codes-out and/or --output")
+
     def note(message: str) -> None:
         print(message, file=sys.stderr)
 

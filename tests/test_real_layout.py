@@ -418,11 +418,11 @@ def test_export_that_cannot_fit_on_disk(published, tmp_path, monkeypatch):
     assert need > (published[0] / LM_FILE).stat().st_size  # bf16 -> float32 (less 8 steps)
     monkeypatch.setattr(model_export.shutil, "disk_usage",
                         lambda p: SimpleNamespace(total=need, used=need - 1000, free=1000))
-    with pytest.raises(PersonaPlexError, match=r"the export \(fp32, onnx\) needs .* GB free"):
+    with pytest.raises(PersonaPlexError, match=r"the export \(fp32\) needs .* GB free"):
         model_export.export_model(ckpt, tmp_path / "out", progress=lambda s: None)
     assert not (tmp_path / "out").exists()
     # converting writes the low-precision weights beside the float32 ones: the peak is higher,
     # by what each precision takes; an engine build holds two copies at the converted size
     peaks = {p: model_export.output_bytes(ckpt, p) for p in ("int4", "int8", "fp16")}
     assert need < peaks["int4"] < peaks["int8"] < peaks["fp16"] < 2 * need
-    assert model_export.output_bytes(ckpt, "fp32", "tensorrt") > peaks["fp16"]
+    assert model_export.output_bytes(ckpt, "fp32", engines=True) > peaks["fp16"]
