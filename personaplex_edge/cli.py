@@ -156,16 +156,33 @@ class _Conversation:
             write_text_atomic(Path(path), json.dumps(self.records, ensure_ascii=False))
 
 
-def _live_status(loop) -> None:
-    """The status line of a live loop: frame times over the last 100 frames, drops, underruns."""
-    s = loop.stats
-    t = s.timing.summary(last=100)
-    frame_ms = t.get("frame", {"p50": 0.0, "p99": 0.0})
-    line = (f"frames {s.frames}  frame {frame_ms['p50']:.1f}/{frame_ms['p99']:.1f} ms "
-            f"(p50/p99)  dropped {s.dropped_frames}  underruns {s.underruns}")
-    live = sys.stderr.isatty()
-    print(("\r" + line + "   ") if live else line, end="" if live else "\n", file=sys.stderr,
-          flush=True)
+class _LiveStatus:
+    """The live loop's status line (frame times over the last 100 frames, drops, underruns),
+    and once, past start-up, a warning when the machine runs the model slower than real time:
+    the drops are then the machine's limit, not a glitch, and the fix is another export."""
+
+    def __init__(self, warn_after_frames: int = 25):
+        self.warn_after_frames = warn_after_frames
+        self.warned = False
+
+    def __call__(self, loop) -> None:
+        s = loop.stats
+        t = s.timing.summary(last=100)
+        frame_ms = t.get("frame", {"p50": 0.0, "p99": 0.0})
+        line = (f"frames {s.frames}  frame {frame_ms['p50']:.1f}/{frame_ms['p99']:.1f} ms "
+                f"(p50/p99)  dropped {s.dropped_frames}  underruns {s.underruns}")
+        live = sys.stderr.isatty()
+        print(("\r" + line + "   ") if live else line, end="" if live else "\n",
+              file=sys.stderr, flush=True)
+        budget = s.timing.budget_ms
+        if (not self.warned and s.frames >= self.warn_after_frames
+                and frame_ms["p50"] > budget):
+            self.warned = True
+            print(f"\nwarning: a frame takes {frame_ms['p50']:.0f} ms (p50) against its "
+                  f"{budget:.0f} ms of audio: this machine runs this model slower than real "
+                  "time, so input is being dropped. Export a lower --precision or use a GPU "
+                  "backend (README: which export for which machine).", file=sys.stderr,
+                  flush=True)
 
 
 def _live_summary(loop, session) -> None:
@@ -194,7 +211,7 @@ def cmd_run(args) -> int:
         from .runtime.paced_file import run_paced
 
         out, loop = run_paced(talk.step, pcm, frame_size=session.frame_size,
-                              max_backlog_frames=args.max_backlog_frames, on_tick=_live_status)
+                              max_backlog_frames=args.max_backlog_frames, on_tick=_LiveStatus())
     else:
         frame = session.frame_size
         frames = -(-pcm.shape[0] // frame)
@@ -221,7 +238,7 @@ def cmd_mic(args) -> int:
     talk = _Conversation(session, echo=True)
     print("listening; Ctrl-C to stop", file=sys.stderr)
     loop = run_on_devices(talk.step, args.input_device, args.output_device,
-                          duration=args.duration, on_tick=_live_status,
+                          duration=args.duration, on_tick=_LiveStatus(),
                           max_backlog_frames=args.max_backlog_frames)
     _live_summary(loop, session)
     return 0

@@ -179,3 +179,21 @@ def test_paced_file_with_a_slow_step_drops_frames_like_a_live_device():
     assert played.shape == pcm.shape
     assert s.dropped_frames >= 5 and s.frames <= 15
     assert s.max_backlog_frames <= loop.max_backlog_frames + 3
+
+
+def test_live_status_warns_once_when_the_machine_is_slower_than_real_time(capsys):
+    """Frames slower than their 80 ms of audio: the status line says so once, with the fix;
+    a machine that keeps up gets no warning."""
+    from personaplex_edge.cli import _LiveStatus
+
+    def slow(frame):
+        time.sleep(0.1)
+        return frame
+
+    pcm = np.zeros(int(24000 * 1.6), np.float32)
+    for step, expect in ((slow, 1), (lambda frame: frame, 0)):
+        status = _LiveStatus(warn_after_frames=5)
+        run_paced(step, pcm, on_tick=status, tick_seconds=0.1)
+        err = capsys.readouterr().err
+        assert err.count("slower than real time") == expect, err
+        assert "frames " in err  # the status line itself
