@@ -26,7 +26,7 @@ from torch.nn import functional as F
 
 from personaplex_edge.config import HeliumConfig, PersonaPlexConfig
 
-from .mimi_transformer import apply_rope, rope_frequencies
+from .mimi_transformer import apply_rope, rope_frequencies, rope_tables
 from .sampling import sample_top_k
 
 
@@ -77,7 +77,8 @@ class RingAttention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 visible: torch.Tensor, past_key: torch.Tensor, past_value: torch.Tensor,
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x [B, D]; cos/sin [B, 1, 1, Dh/2]; visible [B, 1, 1, T] bool; past_* [B, H, T, Dh]
+        """x [B, D]; cos/sin [B, 1, 1, Dh] (rope_tables); visible [B, 1, 1, T] bool; past_*
+        [B, H, T, Dh]
         -> (update [B, D], new key row [B, H, 1, Dh], new value row [B, H, 1, Dh])."""
         B, D = x.shape
         H, Dh = self.num_heads, self.head_dim
@@ -161,7 +162,7 @@ class Helium(nn.Module):
                        ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """One step: -> (hidden [B, D] after out_norm, new (key, value) rows per layer)."""
         angles = position.to(torch.float32)[:, None, None, None] * self.freqs  # [B, 1, 1, Dh/2]
-        cos, sin = torch.cos(angles), torch.sin(angles)
+        cos, sin = rope_tables(angles)  # [B, 1, 1, Dh]
         visible = self.visible_slots(position)
         x = self.input_embedding(tokens, extra)  # [B, D]
         rows = []
