@@ -158,9 +158,10 @@ class PinnedArray:
         self.array[...] = 0
 
     def close(self) -> None:
-        """Frees the memory now: views of `array` must not be used after this."""
+        """Lets the memory go: freed at once if nobody else holds a view of `array`, else when
+        the last view goes (a caller may still read an output it was given; freeing under it
+        would crash the process instead of raising)."""
         self.array = None
-        self._free()
         self.ptr = 0
 
 

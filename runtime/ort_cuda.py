@@ -134,6 +134,21 @@ class OrtCudaGraph:
         self._turn = 1 - self._turn
         return self.outputs
 
+    def close(self) -> None:
+        """Frees the device memory now (otherwise when the graph is collected); pinned host
+        buffers go with the last view of them."""
+        self.stream.synchronize()
+        self.session = self._bindings = None  # onnxruntime's own device memory with them
+        for buf in (*self._dev_in.values(), *self._dev_out.values(),
+                    *(b for s in self._state for b in s.values())):
+            buf.close()
+        for pinned in (*self._pinned_in.values(), *self._pinned_out.values()):
+            pinned.close()
+        self.rings.close()
+        self._positions.close()
+        if self._own_stream:
+            self.stream.close()
+
     def reset(self) -> None:
         for s in self.entry.state:
             buf = self._state[self._turn][s.name]

@@ -94,6 +94,7 @@ class Session:
         self.set_sampling(sampling)
         self.last_frame: np.ndarray | None = None
         self._extra_set = True  # the bound buffer's content is not known to be zeros yet
+        self._closed = False
 
     @classmethod
     def load(cls, model_dir: str | Path, sampling: SamplingParams = SamplingParams(),
@@ -103,12 +104,17 @@ class Session:
         return cls(model_dir, manifest, sampling, device, threads)
 
     def close(self) -> None:
-        """Releases the graphs' memory now (device memory and pinned buffers on a GPU
-        backend); the session cannot run after this. Dropping it does the same, later."""
+        """Releases the graphs' device memory now (a GPU backend; dropping the session does the
+        same, later). The session refuses to run after this."""
+        self._closed = True
         for graph in (self.codec.encoder, self.codec.decoder, self.helium, self.depformer):
             close = getattr(graph, "close", None)
             if close is not None:
                 close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PersonaPlexError("this session was closed; load the model again")
 
     def __enter__(self) -> "Session":
         return self
@@ -178,6 +184,7 @@ class Session:
         """Runs the persona prompts (teacher-forced, nothing sampled but the first live text and
         codebook 0) from a fresh conversation; returns the number of prompt frames. Prompts
         are only read by the temporal transformer, which fills the KV ring."""
+        self._check_open()
         self.reset()
         frames = self.prompt_frames(text_prompt, voice_codes)
         plan = build_prefill(self.ring.initial, frames, voice_embeddings, voice_cache)
@@ -230,6 +237,7 @@ class Session:
         """One temporal step from the user's codes [8]; the model samples text and agent codes.
         Returns the newest complete agent frame [9] (text, cb0..7) or None while the first
         frame is still incomplete."""
+        self._check_open()
         m = self.metrics
         for noise in self._noise:
             noise.fill()
@@ -249,6 +257,7 @@ class Session:
         """pcm [1920] f32 at 24 kHz -> (pcm [1920] f32, the text token of the emitted frame, or
         None before the first complete frame). The returned pcm is a view into a buffer the next
         call overwrites."""
+        self._check_open()
         m = self.metrics
         m.start_frame()
         codes = self.codec.encode_frame(pcm)[0]

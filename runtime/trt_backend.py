@@ -221,7 +221,8 @@ class TrtGraph:
         copy_input(self.entry.file, self.inputs, name, value)
 
     def close(self) -> None:
-        """Frees the device and pinned memory now (otherwise at process exit)."""
+        """Frees the device memory now (otherwise when the graph is collected); pinned host
+        buffers go with the last view of them."""
         self.stream.synchronize()
         for buf in (*self._dev_in.values(), *self._dev_out.values(),
                     *(b for s in self._state for b in s.values())):

@@ -411,10 +411,12 @@ def test_engine_build_on_simulated_tensorrt(simulated, tmp_path, monkeypatch):
 
 def test_device_memory_is_freed_by_close_and_by_dropping_a_session(simulated):
     """A voice assistant that reloads its model must not leak GPU memory: Session.close()
-    frees every device and pinned buffer at once, and a session merely dropped frees them
-    when it is collected."""
+    frees the device buffers at once and refuses to run after; a session merely dropped frees
+    everything when it is collected; an output the caller still holds stays readable (its
+    pinned buffer goes with the last view, not under it)."""
     import gc
 
+    from personaplex_edge.errors import PersonaPlexError
     from personaplex_edge.manifest import write_manifest
     from personaplex_edge.runtime.session import SamplingParams, Session
 
@@ -424,9 +426,21 @@ def test_device_memory_is_freed_by_close_and_by_dropping_a_session(simulated):
     pcm = np.zeros(1920, np.float32)
     with Session.load(model, SamplingParams(greedy=True)) as session:
         for _ in range(3):
-            session.step(pcm)
-        assert len(cuda._memory) > idle + 20  # rings, state, inputs, outputs of four graphs
+            audio, _ = session.step(pcm)
+        running = len(cuda._memory)
+        assert running > idle + 20  # rings, state, inputs, outputs of four graphs
+        kept = audio.copy()
+    assert len(cuda._memory) < idle + (running - idle) // 2  # device buffers gone at once
+    with pytest.raises(PersonaPlexError, match="closed"):
+        session.step(pcm)
+    del session
+    gc.collect()
+    np.testing.assert_array_equal(audio, kept)  # still readable: its buffer is still held
+    assert 0 < len(cuda._memory) - idle <= 2
+    del audio
+    gc.collect()
     assert len(cuda._memory) == idle
+
     session = Session.load(model, SamplingParams(greedy=True))
     session.step(pcm)
     del session
