@@ -20,7 +20,7 @@ from .mimi import Mimi, load_mimi
 from .mimi_transformer import RING_PREFIX, ROWS_PREFIX
 from .streaming import rings_as_io
 from .onnx_export import export_step, verify_step
-from .precision import PRECISIONS, convert_precision
+from .precision import convert_precision, lm_plans
 
 Progress = Callable[[str], None]
 BACKENDS = ("onnx", "tensorrt")
@@ -87,18 +87,21 @@ _CONVERTED_RATIO = {"fp32": 0.0, "fp16": 0.51, "bf16": 0.51, "fp8": 0.3, "int8":
                     "int4": 0.22}
 
 
-def output_bytes(ckpt: CheckpointFiles, precision: str = "fp32", engines: bool = False) -> int:
+def output_bytes(ckpt: CheckpointFiles, precision: str | tuple[str, str] = "fp32",
+                 engines: bool = False) -> int:
     """About the most the export holds on disk at once. The LM is written in float32 first;
-    converting it to `precision` writes the converted weights beside the float32 files before
-    removing them; TensorRT `engines` (about the size of the graph they come from) are built
-    after that, beside the converted graphs."""
+    converting it to `precision` (Helium's and the depformer's, when a pair) writes the
+    converted weights beside the float32 files before removing them; TensorRT `engines`
+    (about the size of the graph they come from) are built after that, beside the converted
+    graphs."""
     need = ckpt.mimi.stat().st_size  # Mimi is float32 already
     if ckpt.lm is not None:
         from .lm import depformer_plan, helium_plan
 
         plans = {**helium_plan(ckpt.config), **depformer_plan(ckpt.config)}
         lm = sum(p.nbytes for p in plans.values())
-        converted = _CONVERTED_RATIO[precision]
+        pair = (precision, precision) if isinstance(precision, str) else precision
+        converted = max(_CONVERTED_RATIO[p] for p in pair)  # the larger: an upper bound
         peak = 1 + converted
         if engines:
             peak = max(peak, 2 * (converted or 1.0))
@@ -107,8 +110,8 @@ def output_bytes(ckpt: CheckpointFiles, precision: str = "fp32", engines: bool =
     return need
 
 
-def check_output_space(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "fp32",
-                       engines: bool = False) -> None:
+def check_output_space(ckpt: CheckpointFiles, out_dir: str | Path,
+                       precision: str | tuple[str, str] = "fp32", engines: bool = False) -> None:
     """Refuses to start an export whose output cannot fit on the disk it goes to."""
     probe = Path(out_dir).expanduser().absolute().parent
     while not probe.exists() and probe != probe.parent:
@@ -116,7 +119,8 @@ def check_output_space(ckpt: CheckpointFiles, out_dir: str | Path, precision: st
     need = int(output_bytes(ckpt, precision, engines) * 1.02)
     free = shutil.disk_usage(probe).free
     if need > free:
-        what = precision + (" with TensorRT engines" if engines else "")
+        what = ("+".join(dict.fromkeys(precision)) if isinstance(precision, tuple) else precision
+                ) + (" with TensorRT engines" if engines else "")
         raise PersonaPlexError(f"the export ({what}) needs ~{need / 1e9:.1f} GB in {probe} at "
                                f"its peak, which has {free / 1e9:.1f} GB free: free some space "
                                "or choose another --out")
@@ -132,18 +136,18 @@ def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "f
     check (export_lm_graphs_frugal: "auto", "full", "reduced", "off"); the codec is always
     checked in full. The LM graphs are exported in float32, checked, then converted to
     `precision` for `backend` (see export/precision.py; the depformer to `depformer_precision`
-    when given); for TensorRT the engines are built
-    for this machine's GPU unless `build_engines` is off."""
-    for p in (precision, depformer_precision or precision):
-        if p not in PRECISIONS:
-            raise PersonaPlexError(f"unknown precision {p}; choose one of "
-                                   f"{', '.join(PRECISIONS)}")
+    when given); for TensorRT the engines are built for this machine's GPU unless
+    `build_engines` is off. Every choice is checked before anything is written."""
     if backend not in BACKENDS:
         raise PersonaPlexError(f"unknown backend {backend}; choose one of {', '.join(BACKENDS)}")
     if verify not in VERIFY:
         raise PersonaPlexError(f"verify {verify!r} is not one of {', '.join(VERIFY)}")
+    # an impossible combination (fp8 for onnxruntime, a bad KV dtype) fails now, not after
+    # the float32 export it would otherwise follow
+    lm_plans(precision, backend, kv_dtype, None, depformer_precision)
     cfg = ckpt.config
-    check_output_space(ckpt, out_dir, precision, engines=backend == "tensorrt" and build_engines)
+    check_output_space(ckpt, out_dir, (precision, depformer_precision or precision),
+                       engines=backend == "tensorrt" and build_engines)
     progress(f"loading Mimi from {ckpt.mimi}")
     mimi = load_mimi(ckpt.mimi, cfg.mimi)
     with staged_dir(out_dir) as stage:

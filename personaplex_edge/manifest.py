@@ -33,6 +33,9 @@ MANIFEST = "manifest.json"
 # Remembers which files were hashed at which size and mtime, so a 16 GB model is hashed once,
 # not at every start. Deleting it forces a full check.
 _VERIFIED_STAMP = ".verified.json"
+# always float32; in manifests written before graph entries had their own precision, the
+# other graphs (the LM's) were all in the manifest's precision
+CODEC_GRAPHS = ("mimi_encoder", "mimi_decoder")
 
 _CAPABILITIES = {"lm": "language model a conversation needs (export from a checkpoint with "
                        "model.safetensors, without --codec-only)",
@@ -152,13 +155,13 @@ class GraphEntry:
         return out
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "GraphEntry":
+    def from_dict(cls, d: dict[str, Any], default_precision: str = "fp32") -> "GraphEntry":
         return cls(d["file"], d["sha256"], [TensorSpec.from_dict(t) for t in d["inputs"]],
                    [TensorSpec.from_dict(t) for t in d["outputs"]],
                    [StateSpec.from_dict(s) for s in d.get("state", [])],
                    dict(d.get("data_files", {})),
                    [RingSpec.from_dict(r) for r in d.get("rings", [])], d.get("engine"),
-                   d.get("precision", "fp32"))
+                   d.get("precision", default_precision))
 
     def split_rings(self, input_prefix: str = "past_key_values.", output_prefix: str = "present.",
                     position: str = "position") -> "GraphEntry":
@@ -215,7 +218,9 @@ class Manifest:
                 f"version {FORMAT_VERSION}. Re-export the model with this version.")
         try:
             return cls(config=PersonaPlexConfig.from_dict(d["config"], where=f"{where} config"),
-                       graphs={k: GraphEntry.from_dict(g) for k, g in d["graphs"].items()},
+                       graphs={k: GraphEntry.from_dict(
+                           g, "fp32" if k in CODEC_GRAPHS else d["precision"])
+                           for k, g in d["graphs"].items()},
                        contents=list(d["contents"]), precision=d["precision"],
                        backend=d["backend"], tokenizer=d.get("tokenizer"),
                        voices=d.get("voices"), source=d.get("source", ""),

@@ -125,6 +125,25 @@ def test_manifest_records_precision_and_ring_dtypes(fp32_dir, converted):
     assert load_model_dir(converted["qdq-int4"]).backend == "tensorrt"
 
 
+def test_a_manifest_from_before_per_graph_precisions_reads_the_lm_as_its_precision(
+        converted, tmp_path):
+    """Model directories exported before graph entries carried their own precision: the LM
+    graphs are read as the manifest's precision (an engine rebuild must not take them for
+    float32), the codec as float32."""
+    import json
+
+    old = tmp_path / "old"
+    shutil.copytree(converted["fp16"], old)
+    data = json.loads((old / "manifest.json").read_text())
+    for entry in data["graphs"].values():
+        del entry["precision"]
+    (old / "manifest.json").write_text(json.dumps(data))
+    graphs = load_model_dir(old).graphs
+    assert {n: g.precision for n, g in graphs.items()} == {
+        "mimi_encoder": "fp32", "mimi_decoder": "fp32", "helium_step": "fp16",
+        "depformer_step": "fp16"}
+
+
 def test_stored_bytes_match_the_plan(fp32_dir, converted):
     """Bytes per frame counted in the graphs equal what the plan's layout predicts for the
     config, and shrink in the expected order."""
@@ -272,6 +291,15 @@ def test_refuses_what_it_cannot_do(fp32_dir, converted, tmp_path):
         plan_for("fp8", "onnx")
     with pytest.raises(PersonaPlexError, match="unknown precision"):
         plan_for("int3")
+    # an impossible choice is refused before the export writes (or even loads) anything
+    from personaplex_edge.export.hub import resolve_checkpoint
+    from personaplex_edge.export.model_export import export_model
+
+    said = []
+    with pytest.raises(PersonaPlexError, match="TensorRT precision"):
+        export_model(resolve_checkpoint(str(fp32_dir.parent / "ckpt")), tmp_path / "never",
+                     precision="int4", depformer_precision="fp8", progress=said.append)
+    assert said == [] and not (tmp_path / "never").exists()
     # in place (the export's staging use): the directory stays valid, its fp32 files replaced
     stage = tmp_path / "stage"
     shutil.copytree(fp32_dir, stage)
