@@ -135,7 +135,7 @@ def main() -> None:
             "frame": p50(ours_frame[w:])}
     r = ref.times  # decode has one entry fewer: the first frame emits nothing
     reference = {"encode": p50(r["encode"][w:]), "lm": p50(r["lm"][w:]),
-                 "decode": p50(r["decode"][w - 1:]), "frame": p50(ref_frame[w:])}
+                 "decode": p50(r["decode"][max(w - 1, 0):]), "frame": p50(ref_frame[w:])}
     h = cfg.helium
     print(f"\nconversation frame, {args.frames} frames after {w} warm-up, {args.threads} "
           f"threads, greedy; Mimi d {cfg.mimi.hidden_size}, Helium d {h.hidden_size} x "

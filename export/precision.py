@@ -55,7 +55,6 @@ from .weight_quant import (block_for, matmulnbits_layout, quantize_blockwise, qu
                            quantize_per_channel)
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int4", "fp8")
-LM_GRAPHS = ("helium_step", "depformer_step")
 Progress = Callable[[str], None]
 
 _ONNX_TYPE = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
@@ -504,7 +503,7 @@ def _add_opset(g: _Graph, domain: str, version: int) -> None:
 def lm_plans(precision: str, backend: str = "onnx", kv_dtype: str | None = None,
              block_size: int | None = None,
              depformer_precision: str | None = None) -> dict[str, PrecisionPlan]:
-    """The plan of each LM graph. The depformer may take its own precision: it is ~5% of the
+    """The plan of each LM graph. The depformer may take its own precision: it is ~9% of the
     7B's bytes per frame and makes every audio token, so an int4 Helium with an int8 or fp16
     depformer costs little and keeps the audio closer (bench_precision.py measures it). It has
     no KV ring."""

@@ -222,10 +222,10 @@ def cmd_run(args) -> int:
             out[i * frame:(i + 1) * frame] = talk.step(padded[i * frame:(i + 1) * frame])
     write_audio(args.output, out[:pcm.shape[0]])
     talk.write_text(args.text_out)
-    print("".join(talk.transcript).strip() or "(no text)")
     if args.realtime:
-        _live_summary(loop, session)
-    else:
+        _live_summary(loop, session)  # first: it ends the status line the transcript would join
+    print("".join(talk.transcript).strip() or "(no text)")
+    if not args.realtime:
         print(format_summary(session.metrics.summary()))
     return 0
 
@@ -326,8 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "weight-only; fp8 is TensorRT only")
     e.add_argument("--depformer-precision",
                    choices=["fp32", "fp16", "bf16", "int8", "int4", "fp8"],
-                   help="the depformer's own precision (default: --precision). It is ~5%% of "
-                        "the 7B's bytes per frame and makes the audio tokens: e.g. --precision "
+                   help="the depformer's own precision (default: --precision). It is ~9%% of "
+                        "the 7B's weights and makes the audio tokens: e.g. --precision "
                         "int4 --depformer-precision int8")
     e.add_argument("--backend", default="onnx", choices=["onnx", "tensorrt"],
                    help="tensorrt also builds engines for this machine's GPU")
