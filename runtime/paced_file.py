@@ -26,7 +26,8 @@ def run_paced(step: FrameStep, pcm: np.ndarray, model_rate: int = 24000,
     """Plays pcm [N] f32 at `model_rate` into the loop in real time, `block_seconds` per
     callback, then `tail_seconds` of silence (so the answer to the end of the recording is
     heard). Returns (what the speaker played [N + tail] f32, the loop with its stats); every
-    whole frame heard has been answered or counted as dropped by then."""
+    whole frame heard has been answered or counted as dropped by then (a partly dropped frame
+    counts as one, so the two may add up to one or two more than the frames heard)."""
     block = max(1, int(round(block_seconds * model_rate)))
     tail = int(round(tail_seconds * model_rate))
     blocks = -(-(pcm.shape[0] + tail) // block)
@@ -41,8 +42,8 @@ def run_paced(step: FrameStep, pcm: np.ndarray, model_rate: int = 24000,
     next_tick = t0 + tick_seconds
     try:
         for k in range(blocks):
-            # sleep until the device clock reaches block k; a late wake-up is not made up
-            # by sleeping less later: the clock, not the loop, sets the pace
+            # block k is due at t0 + k * period: after a late wake-up the blocks already due
+            # go in at once, as a sound card's buffer delivers what piled up
             delay = t0 + k * period - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
@@ -54,10 +55,14 @@ def run_paced(step: FrameStep, pcm: np.ndarray, model_rate: int = 24000,
                 on_tick(loop)
                 next_tick += tick_seconds
         # the frames still waiting are answered (the speaker is gone: nobody hears them) so
-        # that the counts cover the whole recording
-        deadline = time.monotonic() + 2 * max_backlog_frames * frame_size / model_rate + 1.0
-        while (len(loop.input) >= frame_size and not loop.failed()
-               and time.monotonic() < deadline):
+        # that the counts cover the whole recording; a slow model gets as long as it needs,
+        # as long as it keeps finishing frames
+        done, last_progress = loop.stats.frames, time.monotonic()
+        while len(loop.input) >= frame_size and not loop.failed():
+            if loop.stats.frames != done:
+                done, last_progress = loop.stats.frames, time.monotonic()
+            elif time.monotonic() - last_progress > 30.0:
+                break  # a step stuck for this long is not going to finish
             time.sleep(0.005)
     except KeyboardInterrupt:
         # a recording has its own end: Ctrl-C aborts (no output), unlike --mic where it is

@@ -64,7 +64,9 @@ if ! venv_ok; then
     # a venv whose pip bootstrap failed (or was interrupted) has a python but no pip
     [ -f "$VENV/pyvenv.cfg" ] && rm -rf "$VENV"
     if ! make_venv || ! venv_ok; then
-        rm -rf "$VENV"  # Debian and Ubuntu ship venv's pip bootstrap apart (python3.X-venv)
+        # Debian and Ubuntu ship venv's pip bootstrap apart (python3.X-venv); what the failed
+        # attempt left is removed only if it is a venv (never a directory the user named)
+        [ -f "$VENV/pyvenv.cfg" ] && rm -rf "$VENV"
         PYVER=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
         command -v apt-get >/dev/null && step "python$PYVER-venv (apt)" sh -c \
             "apt-get update -qq && apt-get install -y -qq python3-venv python$PYVER-venv" \

@@ -161,8 +161,9 @@ def test_paced_file_is_heard_in_real_time_and_answered_after_the_loop_latency():
     # the lag of the echo, from the cross-correlation of the two signals
     spectrum = np.fft.rfft(played, 2 * played.size) * np.conj(np.fft.rfft(pcm, 2 * played.size))
     lag = int(np.argmax(np.fft.irfft(spectrum)[:played.size]))
-    # a frame to collect and the buffer; a worker late for its first block adds a block or two
-    assert (1 + buffer) * FRAME <= lag <= (1 + buffer) * FRAME + 2 * 480, lag
+    # a frame to collect and the buffer; a worker (or the clock thread) late around the first
+    # frame adds a few blocks, the same for the rest of the run
+    assert (1 + buffer) * FRAME <= lag <= (1 + buffer) * FRAME + 6 * 480, lag
     assert lag + pcm.size <= played.size  # the tail let the whole recording come back
     np.testing.assert_array_equal(played[lag:lag + pcm.size], pcm)
     assert not np.any(played[:lag - FRAME])  # silence before the first answer

@@ -149,8 +149,8 @@ def test_run_realtime_goes_through_the_live_loop(demo_model_dir, tmp_path, capsy
     text = json.loads((tmp_path / "rt.json").read_text())
     assert len(text) == processed  # one record per frame the model ran
     # every whole frame of the recording was processed or dropped (a drop of part of a frame
-    # counts as one, so the sum may reach one more)
-    assert n // 1920 <= processed + dropped <= n // 1920 + 1
+    # counts as one, so the sum may reach one or two more)
+    assert n // 1920 <= processed + dropped <= n // 1920 + 2
 
 
 def test_run_realtime_ctrl_c_aborts_without_output(demo_model_dir, tmp_path):
@@ -209,6 +209,8 @@ def test_voice_from_the_bank_and_from_a_recording(demo_model_dir, tmp_path):
                                 SamplingParams(greedy=True), device="cpu", progress=lambda s: None)
         outputs[voice] = (np.concatenate([session.step(pcm[i * 1920:(i + 1) * 1920])[0].copy()
                                           for i in range(12)]), session.position)
+        # the stored embeddings feed the prompt frames only: live frames add nothing
+        assert not np.any(session.helium.inputs["extra_embedding"]), voice
     assert outputs[str(src)][1] > outputs["NATF2"][1]  # 30 recorded frames vs 8 stored ones
     assert not np.array_equal(outputs["NATF2"][0], outputs["NATM1"][0])
     assert not np.array_equal(outputs["NATF2"][0], outputs[str(src)][0])

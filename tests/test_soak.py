@@ -18,4 +18,7 @@ def test_no_latency_ramp_no_memory_growth_past_the_context(demo_model_dir):
     # sessions of a pair alike (see soak.py)
     assert r["young_position"] < r["context"] < r["final_position"] / 2
     assert r["paired_ratio"] < 1.2, r
+    # a slowdown of the whole process (allocator, thread pools) would hit both sessions of a
+    # pair alike: only the wall-clock windows see it, coarsely (a shared machine drifts 2x)
+    assert r["ramp"] < 3.0, r
     assert r["rss_mb_end"] - r["rss_mb_after_warmup"] < 20, r["rss_samples"]
