@@ -55,22 +55,6 @@ def copy_bandwidth(threads: int, mbytes: int = 512, repeats: int = 5) -> float:
     return 2 * src.nbytes / best
 
 
-def bytes_per_frame(graph_paths: list[Path], ring_bytes: int) -> int:
-    """Every weight is read once per frame, except the embedding tables (whatever Gather reads
-    its rows from), of which a handful of rows are read; plus the whole KV ring, since each step
-    attends over all of its slots."""
-    import onnx
-
-    total = 0
-    for path in graph_paths:
-        graph = onnx.load(str(path), load_external_data=False).graph
-        tables = {node.input[0] for node in graph.node if node.op_type == "Gather"}
-        for init in graph.initializer:
-            if init.data_type == onnx.TensorProto.FLOAT and init.name not in tables:
-                total += int(np.prod(init.dims, dtype=np.int64)) * 4
-    return total + ring_bytes
-
-
 def build(cfg, work: Path, log) -> Path:
     """Checkpoint (from the seeded reference) and graphs, unless already in `work`."""
     from personaplex_edge.export.lm import export_lm_graphs
@@ -293,8 +277,11 @@ def main() -> None:
     del model
     gc.collect()
 
-    h_bytes = bytes_per_frame([graphs / "helium_step.onnx"], ring_bytes)
-    d_bytes = bytes_per_frame([graphs / "depformer_step.onnx"], 0)
+    # every weight read once, embedding tables excepted (a few rows), plus the whole KV ring
+    from personaplex_edge.export.frame_bytes import graph_bytes_per_frame
+
+    h_bytes = graph_bytes_per_frame(graphs / "helium_step.onnx") + ring_bytes
+    d_bytes = graph_bytes_per_frame(graphs / "depformer_step.onnx")
     rows = {"temporal": (o_tmp, r_tmp, h_bytes), "depformer": (o_dep, r_dep, d_bytes),
             "total": ([a + b for a, b in zip(o_tmp, o_dep)],
                       [a + b for a, b in zip(r_tmp, r_dep)], h_bytes + d_bytes)}
