@@ -18,6 +18,8 @@ from .config import PRESETS
 from .errors import ModelDirError, PersonaPlexError
 
 BUILTIN_DIR = Path("models")  # where built-in models are exported on first use (cwd-relative)
+# export.precision.PRECISIONS, spelled out: building the parser must not need the export extra
+PRECISION_CHOICES = ("fp32", "fp16", "bf16", "int8", "int4", "fp8")
 
 
 def _need_export_extra():
@@ -320,12 +322,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--checkpoint", required=True,
                    help="checkpoint directory or Hugging Face repo, e.g. nvidia/personaplex-7b-v1")
     e.add_argument("--out", required=True, help="model directory to write")
-    e.add_argument("--precision", default="fp32",
-                   choices=["fp32", "fp16", "bf16", "int8", "int4", "fp8"],
+    e.add_argument("--precision", default="fp32", choices=PRECISION_CHOICES,
                    help="weights of the language model (the codec stays fp32); int8/int4 are "
                         "weight-only; fp8 is TensorRT only")
-    e.add_argument("--depformer-precision",
-                   choices=["fp32", "fp16", "bf16", "int8", "int4", "fp8"],
+    e.add_argument("--depformer-precision", choices=PRECISION_CHOICES,
                    help="the depformer's own precision (default: --precision). It is ~9%% of "
                         "the 7B's weights and makes the audio tokens: e.g. --precision "
                         "int4 --depformer-precision int8")

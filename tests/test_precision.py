@@ -328,3 +328,10 @@ def test_tensorrt_form_uses_only_ops_tensorrt_parses(converted):
             ops = graph_ops(converted[name] / f"{graph}.onnx")
             assert ops <= allowed and not ops & FORBIDDEN, (name, graph, ops - allowed)
     assert "com.microsoft.MatMulNBits" in graph_ops(converted["int4"] / "helium_step.onnx")
+
+
+def test_the_command_line_offers_every_precision_the_export_knows():
+    from personaplex_edge.cli import PRECISION_CHOICES
+    from personaplex_edge.export.precision import PRECISIONS
+
+    assert PRECISION_CHOICES == PRECISIONS
