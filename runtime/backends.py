@@ -2,8 +2,8 @@
 
 Every backend's graph object offers the same small surface, the one `OrtGraph` defines:
 `inputs` / `outputs` (host arrays: write the former, read the latter after `run()`), `run()`,
-`reset()`, `state()` / `set_state()`; `run()` also writes the call's new K/V rows into
-the rings.
+`reset()`, `state()` / `set_state()`, `close()` (frees what the graph holds now, device
+memory on a GPU backend); `run()` also writes the call's new K/V rows into the rings.
 """
 
 from __future__ import annotations

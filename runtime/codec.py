@@ -38,6 +38,10 @@ class Codec:
         self.encoder.reset()
         self.decoder.reset()
 
+    def close(self) -> None:
+        self.encoder.close()
+        self.decoder.close()
+
     def encode_frame(self, pcm: np.ndarray) -> np.ndarray:
         """pcm: one frame, [frame] or [B, 1, frame] float32 -> codes [B, n] int64 (a view,
         valid until the next call)."""

@@ -208,5 +208,10 @@ class OrtGraph:
             else:
                 value.update_inplace(a)
 
+    def close(self) -> None:
+        """Lets onnxruntime's session and its bindings go now (host buffers: nothing else to
+        free); the graph cannot run after this."""
+        self.session = self._bindings = None
+
     def set_input(self, name: str, value: np.ndarray) -> None:
         copy_input(self.entry.file, self.inputs, name, value)

@@ -107,10 +107,9 @@ class Session:
         """Releases the graphs' device memory now (a GPU backend; dropping the session does the
         same, later). The session refuses to run after this."""
         self._closed = True
-        for graph in (self.codec.encoder, self.codec.decoder, self.helium, self.depformer):
-            close = getattr(graph, "close", None)
-            if close is not None:
-                close()
+        self.codec.close()
+        self.helium.close()
+        self.depformer.close()
 
     def _check_open(self) -> None:
         if self._closed:

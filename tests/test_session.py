@@ -97,6 +97,14 @@ def test_prefill_then_steps_are_deterministic_and_reset_repeats(demo_model_dir):
     assert not np.array_equal(first, other)
 
 
+def test_a_closed_session_refuses_to_run(demo_model_dir):
+    with Session.load(demo_model_dir, device="cpu") as session:
+        session.step(np.zeros(1920, np.float32))
+    with pytest.raises(Exception, match="session was closed"):
+        session.step(np.zeros(1920, np.float32))
+    assert session.helium.session is None  # onnxruntime's session let go
+
+
 def frames_of(session) -> int:
     return len(session.prompt_frames("You are a helpful robot."))
 
