@@ -87,21 +87,20 @@ _CONVERTED_RATIO = {"fp32": 0.0, "fp16": 0.51, "bf16": 0.51, "fp8": 0.3, "int8":
                     "int4": 0.22}
 
 
-def output_bytes(ckpt: CheckpointFiles, precision: str | tuple[str, str] = "fp32",
-                 engines: bool = False) -> int:
+def output_bytes(ckpt: CheckpointFiles, precision: str = "fp32",
+                 depformer_precision: str | None = None, engines: bool = False) -> int:
     """About the most the export holds on disk at once. The LM is written in float32 first;
-    converting it to `precision` (Helium's and the depformer's, when a pair) writes the
-    converted weights beside the float32 files before removing them; TensorRT `engines`
-    (about the size of the graph they come from) are built after that, beside the converted
-    graphs."""
+    converting it to `precision` (the depformer to `depformer_precision`) writes the converted
+    weights beside the float32 files before removing them; TensorRT `engines` (about the size
+    of the graph they come from) are built after that, beside the converted graphs."""
     need = ckpt.mimi.stat().st_size  # Mimi is float32 already
     if ckpt.lm is not None:
         from .lm import depformer_plan, helium_plan
 
         plans = {**helium_plan(ckpt.config), **depformer_plan(ckpt.config)}
         lm = sum(p.nbytes for p in plans.values())
-        pair = (precision, precision) if isinstance(precision, str) else precision
-        converted = max(_CONVERTED_RATIO[p] for p in pair)  # the larger: an upper bound
+        converted = max(_CONVERTED_RATIO[precision],  # the larger: an upper bound
+                        _CONVERTED_RATIO[depformer_precision or precision])
         peak = 1 + converted
         if engines:
             peak = max(peak, 2 * (converted or 1.0))
@@ -110,17 +109,17 @@ def output_bytes(ckpt: CheckpointFiles, precision: str | tuple[str, str] = "fp32
     return need
 
 
-def check_output_space(ckpt: CheckpointFiles, out_dir: str | Path,
-                       precision: str | tuple[str, str] = "fp32", engines: bool = False) -> None:
+def check_output_space(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "fp32",
+                       depformer_precision: str | None = None, engines: bool = False) -> None:
     """Refuses to start an export whose output cannot fit on the disk it goes to."""
     probe = Path(out_dir).expanduser().absolute().parent
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
-    need = int(output_bytes(ckpt, precision, engines) * 1.02)
+    need = int(output_bytes(ckpt, precision, depformer_precision, engines) * 1.02)
     free = shutil.disk_usage(probe).free
     if need > free:
-        what = ("+".join(dict.fromkeys(precision)) if isinstance(precision, tuple) else precision
-                ) + (" with TensorRT engines" if engines else "")
+        what = precision + (f", depformer {depformer_precision}" if depformer_precision else "")
+        what += " with TensorRT engines" if engines else ""
         raise PersonaPlexError(f"the export ({what}) needs ~{need / 1e9:.1f} GB in {probe} at "
                                f"its peak, which has {free / 1e9:.1f} GB free: free some space "
                                "or choose another --out")
@@ -146,7 +145,7 @@ def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "f
     # the float32 export it would otherwise follow
     lm_plans(precision, backend, kv_dtype, None, depformer_precision)
     cfg = ckpt.config
-    check_output_space(ckpt, out_dir, (precision, depformer_precision or precision),
+    check_output_space(ckpt, out_dir, precision, depformer_precision,
                        engines=backend == "tensorrt" and build_engines)
     progress(f"loading Mimi from {ckpt.mimi}")
     mimi = load_mimi(ckpt.mimi, cfg.mimi)
