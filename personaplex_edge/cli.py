@@ -22,6 +22,11 @@ BUILTIN_DIR = Path("models")  # where built-in models are exported on first use 
 PRECISION_CHOICES = ("fp32", "fp16", "bf16", "int8", "int4", "fp8")
 
 
+def _note(message: str) -> None:
+    """Progress beside a command's own output on stdout (codes, a transcript)."""
+    print(message, file=sys.stderr)
+
+
 def _need_export_extra():
     try:
         import torch  # noqa: F401
@@ -85,12 +90,8 @@ def cmd_codec(args) -> int:
 
     if args.codes_out is None and args.output is None:
         raise PersonaPlexError("nothing to write: give --codes-out and/or --output")
-
-    def note(message: str) -> None:
-        print(message, file=sys.stderr)
-
-    codec = Codec.load(resolve_model(args.model, note), device=args.device, threads=args.threads,
-                       progress=note)
+    codec = Codec.load(resolve_model(args.model, _note), device=args.device,
+                       threads=args.threads, progress=_note)
     pcm = read_audio(args.input, codec.sample_rate)
     t0 = time.perf_counter()
     codes = codec.encode(pcm)
@@ -236,7 +237,7 @@ def cmd_mic(args) -> int:
     """Full duplex on the sound devices until Ctrl-C (or --duration seconds)."""
     from .runtime.sound import run_on_devices
 
-    session = _session(args, progress=lambda m: print(m, file=sys.stderr))
+    session = _session(args, progress=_note)
     talk = _Conversation(session, echo=True)
     print("listening; Ctrl-C to stop", file=sys.stderr)
     loop = run_on_devices(talk.step, args.input_device, args.output_device,
