@@ -50,10 +50,10 @@ def main() -> None:
     cfg = PersonaPlexConfig()
     n = args.frames + args.warmup
     rng = np.random.default_rng(0)
-    pcm = (rng.standard_normal(n * cfg.mimi.frame_size) * 0.1).astype(np.float32)
-    frame = cfg.mimi.frame_size
+    pcm = (rng.standard_normal(n * cfg.mimi_config.samples_per_frame) * 0.1).astype(np.float32)
+    frame = cfg.mimi_config.samples_per_frame
     with tempfile.TemporaryDirectory() as tmp:
-        ref = reference_mimi(cfg.mimi)
+        ref = reference_mimi(cfg.mimi_config)
         ckpt = Path(tmp) / "ckpt"
         ckpt.mkdir()
         save_published(ref, ckpt / MIMI_FILE)

@@ -101,11 +101,11 @@ def main() -> None:
     cfg = config(args.config)
     work = Path(args.work) / args.config
     t0 = time.perf_counter()
-    mimi, lm = reference_mimi(cfg.mimi, seed=0), reference_lm(cfg, seed=0)
+    mimi, lm = reference_mimi(cfg.mimi_config, seed=0), reference_lm(cfg, seed=0)
     log(f"reference models built ({time.perf_counter() - t0:.0f} s)")
     model_dir = build(cfg, work, mimi, lm)
 
-    frame = cfg.mimi.frame_size
+    frame = cfg.mimi_config.samples_per_frame
     n = args.frames + args.warmup
     pcm = speech(n, frame)
     session = Session.load(model_dir, SamplingParams(greedy=True), device="cpu",
@@ -136,11 +136,11 @@ def main() -> None:
     r = ref.times  # decode has one entry fewer: the first frame emits nothing
     reference = {"encode": p50(r["encode"][w:]), "lm": p50(r["lm"][w:]),
                  "decode": p50(r["decode"][max(w - 1, 0):]), "frame": p50(ref_frame[w:])}
-    h = cfg.helium
+    h = cfg.temporal_config
     print(f"\nconversation frame, {args.frames} frames after {w} warm-up, {args.threads} "
-          f"threads, greedy; Mimi d {cfg.mimi.hidden_size}, Helium d {h.hidden_size} x "
+          f"threads, greedy; Mimi d {cfg.mimi_config.hidden_size}, Helium d {h.hidden_size} x "
           f"{h.num_hidden_layers} layers (context {h.max_position_embeddings}), depformer d "
-          f"{cfg.depformer.hidden_size} x {cfg.depformer.num_hidden_layers}")
+          f"{cfg.depformer_config.hidden_size} x {cfg.depformer_config.num_hidden_layers}")
     print(f"{'ms p50':10}{'ours':>9}{'reference':>11}{'speed-up':>10}")
     for stage in ("encode", "lm", "decode", "frame"):
         print(f"{stage:10}{ours[stage]:9.1f}{reference[stage]:11.1f}"

@@ -51,7 +51,7 @@ def config_dict(width: int, layers: int) -> dict:
     """PersonaPlex-7B's config with `layers` temporal layers; width scales Helium only (heads
     of 128 as in the 7B, the same MLP ratio); the depformer is always the real one."""
     heads = max(1, width // 128)
-    return {"helium": {"hidden_size": width, "num_hidden_layers": layers,
+    return {"temporal_config": {"hidden_size": width, "num_hidden_layers": layers,
                        "num_attention_heads": heads, "intermediate_size": width * 11 // 4}}
 
 

@@ -123,7 +123,7 @@ class OrtLM:
         self.helium = ort.InferenceSession(str(graphs / "helium_step.onnx"), opts, providers=prov)
         self.depformer = ort.InferenceSession(str(graphs / "depformer_step.onnx"), opts,
                                               providers=prov)
-        h = cfg.helium
+        h = cfg.temporal_config
         self.T = h.max_position_embeddings
         self.layers = h.num_hidden_layers
         kv = (1, h.num_attention_heads, self.T, h.head_dim)
@@ -273,7 +273,7 @@ def main() -> None:
     gc.collect()
     model = load_reference(cfg, ckpt)
     r_tmp, r_dep, r_tok = run_reference(model, user, args.warmup,
-                                        cfg.depformer.num_active_codebooks)
+                                        cfg.depformer_config.num_active_codebooks)
     del model
     gc.collect()
 
@@ -285,12 +285,12 @@ def main() -> None:
     rows = {"temporal": (o_tmp, r_tmp, h_bytes), "depformer": (o_dep, r_dep, d_bytes),
             "total": ([a + b for a, b in zip(o_tmp, o_dep)],
                       [a + b for a, b in zip(r_tmp, r_dep)], h_bytes + d_bytes)}
-    h = cfg.helium
+    h = cfg.temporal_config
     print(f"\nLM per 80 ms frame, {args.frames} frames after {args.warmup} warm-up, "
           f"{args.threads} threads, float32 (weights stored bf16)")
     print(f"model: Helium d {h.hidden_size}, {h.num_hidden_layers} layers, context "
-          f"{h.max_position_embeddings}; depformer d {cfg.depformer.hidden_size}, "
-          f"{cfg.depformer.num_hidden_layers} layers, {cfg.depformer.num_active_codebooks} steps")
+          f"{h.max_position_embeddings}; depformer d {cfg.depformer_config.hidden_size}, "
+          f"{cfg.depformer_config.num_hidden_layers} layers, {cfg.depformer_config.num_active_codebooks} steps")
     print("onnxruntime: " + ("one thread pool shared by both sessions" if shared_pool else
                              "a pool per session, spinning off"))
     print(f"copy bandwidth (numpy, read+write, {args.threads} threads): {bandwidth / 1e9:.1f} GB/s")

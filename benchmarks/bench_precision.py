@@ -218,13 +218,13 @@ def main() -> None:
                               args.warmup).items():
         results[p].update(t)
 
-    h = cfg.helium
+    h = cfg.temporal_config
     print(f"\nLM precisions on onnxruntime CPU, {args.threads} threads; agreement over "
           f"{args.frames} greedy frames, ms/frame the median of {args.rounds} interleaved rounds "
           f"of {args.timing_frames} frames; random weights, Helium d {h.hidden_size} x "
           f"{h.num_hidden_layers} layers, context {h.max_position_embeddings}; depformer d "
-          f"{cfg.depformer.hidden_size} x {cfg.depformer.num_hidden_layers} layers, "
-          f"{cfg.depformer.num_active_codebooks} steps\n")
+          f"{cfg.depformer_config.hidden_size} x {cfg.depformer_config.num_hidden_layers} layers, "
+          f"{cfg.depformer_config.num_active_codebooks} steps\n")
     print("| precision | LM on disk MB | read/frame MB | temporal ms | depformer ms | "
           "total ms | hidden rel. error | text agree | audio agree | frames agree | "
           "first free diff |")

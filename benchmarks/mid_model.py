@@ -8,9 +8,9 @@ reference's copy of depformer steps 8-15 out of memory; LMGen runs 8 steps eithe
 
 from __future__ import annotations
 
-MID_LM = {"helium": {"hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 16,
+MID_LM = {"temporal_config": {"hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 16,
                      "intermediate_size": 2816, "max_position_embeddings": 3000},
-          "depformer": {"dep_q": 8, "num_active_codebooks": 8}}
+          "depformer_config": {"dep_q": 8, "num_active_codebooks": 8}}
 
 
 def mid_config(tiny_codec: bool = False):
@@ -22,5 +22,5 @@ def mid_config(tiny_codec: bool = False):
 
     d = copy.deepcopy(MID_LM)
     if tiny_codec:
-        d["mimi"] = dict(PRESETS["tiny"]["mimi"])
+        d["mimi_config"] = dict(PRESETS["tiny"]["mimi_config"])
     return PersonaPlexConfig.from_dict(d, where="benchmarks mid model")

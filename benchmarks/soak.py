@@ -115,7 +115,7 @@ def main() -> None:
             cfg = preset("demo")
             if args.context:
                 cfg = dataclasses.replace(cfg, helium=dataclasses.replace(
-                    cfg.helium, max_position_embeddings=args.context))
+                    cfg.temporal_config, max_position_embeddings=args.context))
             ckpt = write_synthetic_checkpoint(cfg, Path(tmp) / "ckpt")
             model = Path(tmp) / "model"
             export_model(resolve_checkpoint(str(ckpt)), model, progress=lambda s: None)

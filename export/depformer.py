@@ -22,19 +22,9 @@ import torch
 from torch import nn
 
 from personaplex_edge.config import PersonaPlexConfig, PersonaPlexDepformerConfig
-from personaplex_edge.errors import ConfigError
 
 from .helium import GatedMLP, RMSNorm, embed
 from .sampling import sample_top_k
-
-
-def check_depformer_config(d: PersonaPlexDepformerConfig) -> None:
-    if d.num_attention_heads * d.head_dim != d.hidden_size:
-        raise ConfigError(f"depformer: {d.num_attention_heads} heads x head_dim {d.head_dim} "
-                          f"!= hidden_size {d.hidden_size}")
-    if not 0 < d.num_active_codebooks <= d.dep_q:
-        raise ConfigError(f"depformer: num_active_codebooks {d.num_active_codebooks} must be in "
-                          f"1..dep_q ({d.dep_q})")
 
 
 class DepformerLayer(nn.Module):
@@ -70,10 +60,9 @@ class DepformerLayer(nn.Module):
 class Depformer(nn.Module):
     def __init__(self, cfg: PersonaPlexConfig):
         super().__init__()
-        d = cfg.depformer
-        check_depformer_config(d)
+        d = cfg.depformer_config
         self.steps = d.num_active_codebooks
-        D, dim = cfg.helium.hidden_size, d.hidden_size
+        D, dim = cfg.temporal_config.hidden_size, d.hidden_size
         self.depformer_in = nn.ModuleList([nn.Linear(D, dim, bias=False)
                                            for _ in range(self.steps)])
         self.text_emb = nn.Parameter(torch.zeros(cfg.text_embedding_rows, dim))

@@ -97,7 +97,7 @@ def layout_for(plan) -> Layout:
 def linear_shapes(cfg: PersonaPlexConfig) -> dict[str, list[tuple[int, int]]]:
     """[K, N] of every linear layer one frame runs, per graph: Helium with its text head, and
     the active depformer steps."""
-    h, d = cfg.helium, cfg.depformer
+    h, d = cfg.temporal_config, cfg.depformer_config
     D, I = h.hidden_size, h.intermediate_size
     helium = [(D, 3 * D), (D, D), (D, 2 * I), (I, D)] * h.num_hidden_layers
     helium.append((D, cfg.text_vocab_size))
@@ -124,7 +124,7 @@ def estimate_bytes_per_frame(cfg: PersonaPlexConfig, layout: Layout,
     shapes = linear_shapes(cfg)
     weights = (_weight_bytes(shapes["helium_step"], layout)
                + _weight_bytes(shapes["depformer_step"], depformer_layout or layout))
-    h = cfg.helium
+    h = cfg.temporal_config
     kv = 2 * h.num_hidden_layers * h.max_position_embeddings * h.hidden_size * layout.kv_bytes
     return {"weights": weights, "kv": kv, "total": weights + kv}
 

@@ -113,7 +113,7 @@ class HeliumLayer(nn.Module):
 class Helium(nn.Module):
     def __init__(self, cfg: PersonaPlexConfig):
         super().__init__()
-        h = cfg.helium
+        h = cfg.temporal_config
         self.cfg = cfg
         self.context = h.max_position_embeddings
         self.num_layers = h.num_hidden_layers
@@ -128,7 +128,7 @@ class Helium(nn.Module):
 
     def make_buffers(self) -> None:
         """(Re)creates the derived constants on the CPU, e.g. after building on the meta device."""
-        h, cfg = self.cfg.helium, self.cfg
+        h, cfg = self.cfg.temporal_config, self.cfg
         with torch.device("cpu"):
             self.register_buffer("freqs", rope_frequencies(h.head_dim, h.rope_theta),
                                  persistent=False)
@@ -137,7 +137,7 @@ class Helium(nn.Module):
                                  * (cfg.audio_vocab_size + 1), persistent=False)
 
     def kv_shape(self, batch: int) -> tuple[int, int, int, int]:
-        h = self.cfg.helium
+        h = self.cfg.temporal_config
         return (batch, h.num_attention_heads, self.context, h.head_dim)
 
     def input_embedding(self, tokens: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:

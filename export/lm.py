@@ -36,7 +36,7 @@ from personaplex_edge.manifest import GraphEntry, TensorSpec
 from personaplex_edge.streams import NUM_STREAMS, gumbel_noise
 
 from .checkpoint import TensorFile, check_tensors
-from .depformer import Depformer, check_depformer_config
+from .depformer import Depformer
 from .frugal import SafetensorsHeader, Segment, WeightPlan, attach_external_weights
 from .helium import Helium
 from .onnx_export import ExportMismatch, export_step, verify_step
@@ -57,8 +57,7 @@ def _canonical_key(key: str) -> str:
 
 def expected_lm_tensors(cfg: PersonaPlexConfig) -> Shapes:
     """Every tensor of `model.safetensors` with the shape `cfg` implies (475 for the 7B)."""
-    h, d = cfg.helium, cfg.depformer
-    check_depformer_config(d)
+    h, d = cfg.temporal_config, cfg.depformer_config
     D, dim = h.hidden_size, d.hidden_size
     shapes: Shapes = {}
     for i in range(h.num_hidden_layers):
@@ -100,7 +99,7 @@ def open_lm_checkpoint(path: str | Path, cfg: PersonaPlexConfig) -> TensorFile:
 
 def helium_plan(cfg: PersonaPlexConfig) -> dict[str, WeightPlan]:
     """What each Helium parameter is made of, in checkpoint terms (module name -> plan)."""
-    h, shapes = cfg.helium, expected_lm_tensors(cfg)
+    h, shapes = cfg.temporal_config, expected_lm_tensors(cfg)
     n, rows, D = cfg.num_audio_codebooks, cfg.audio_vocab_size + 1, h.hidden_size
     plan = {"text_emb": WeightPlan.whole("text_emb.weight", shapes["text_emb.weight"]),
             # the 16 audio tables stacked [16, card + 1, D]: one after another in memory
@@ -123,7 +122,7 @@ def depformer_plan(cfg: PersonaPlexConfig) -> dict[str, WeightPlan]:
     """The same for the depformer's active steps: step k's attention weights are rows
     k * 3 * dim .. (k + 1) * 3 * dim of the packed `in_proj_weight` (and k * dim .. of
     `out_proj.weight`); the inactive steps' rows are never read."""
-    d, shapes = cfg.depformer, expected_lm_tensors(cfg)
+    d, shapes = cfg.depformer_config, expected_lm_tensors(cfg)
     dim, steps = d.hidden_size, d.num_active_codebooks
     plan = {"text_emb": WeightPlan.whole("depformer_text_emb.weight",
                                          shapes["depformer_text_emb.weight"])}
@@ -177,8 +176,15 @@ def load_lm(path: str | Path, cfg: PersonaPlexConfig) -> tuple[Helium, Depformer
 
 # ---- graphs ----------------------------------------------------------------------------------------
 
+def sampler_k_max(k_max: int, vocab: int) -> int:
+    """The sampler's largest top-k for a vocabulary: `k_max`, or the whole vocabulary where it
+    is smaller (a small checkpoint's text vocabulary)."""
+    return min(k_max, vocab)
+
+
 def helium_inputs(cfg: PersonaPlexConfig, batch: int, k_max: int) -> list[TensorSpec]:
-    h = cfg.helium
+    h = cfg.temporal_config
+    k_max = sampler_k_max(k_max, cfg.text_vocab_size)
     specs = [TensorSpec("tokens", (batch, NUM_STREAMS), "int64"),
              TensorSpec("extra_embedding", (batch, h.hidden_size), "float32"),
              TensorSpec("position", (batch,), "int64"),
@@ -191,7 +197,7 @@ def helium_inputs(cfg: PersonaPlexConfig, batch: int, k_max: int) -> list[Tensor
 def kv_ring_specs(cfg: PersonaPlexConfig, batch: int) -> list[TensorSpec]:
     """The KV ring inputs of helium_step, in graph order; the runtime owns these buffers
     (zeros at the start; what unwritten slots hold does not matter, they are masked)."""
-    h = cfg.helium
+    h = cfg.temporal_config
     shape = (batch, h.num_attention_heads, h.max_position_embeddings, h.head_dim)
     return [TensorSpec(f"past_key_values.{i}.{kind}", shape, "float32")
             for i in range(h.num_hidden_layers) for kind in ("key", "value")]
@@ -199,13 +205,14 @@ def kv_ring_specs(cfg: PersonaPlexConfig, batch: int) -> list[TensorSpec]:
 
 def helium_outputs(cfg: PersonaPlexConfig) -> list[str]:
     return ["text_token", "hidden"] + [f"present.{i}.{kind}"
-                                       for i in range(cfg.helium.num_hidden_layers)
+                                       for i in range(cfg.temporal_config.num_hidden_layers)
                                        for kind in ("key", "value")]
 
 
 def depformer_inputs(cfg: PersonaPlexConfig, batch: int, k_max: int) -> list[TensorSpec]:
-    steps = cfg.depformer.num_active_codebooks
-    return [TensorSpec("hidden", (batch, cfg.helium.hidden_size), "float32"),
+    steps = cfg.depformer_config.num_active_codebooks
+    k_max = sampler_k_max(k_max, cfg.audio_vocab_size)
+    return [TensorSpec("hidden", (batch, cfg.temporal_config.hidden_size), "float32"),
             TensorSpec("text_token", (batch,), "int64"),
             TensorSpec("audio_noise", (batch, steps, k_max), "float32"),
             TensorSpec("audio_temperature", (batch,), "float32"),
@@ -225,7 +232,7 @@ def example_inputs(specs: list[TensorSpec], cfg: PersonaPlexConfig, seed: int = 
             t[:, -1] = -1  # one stream contributing nothing
             out[s.name] = t.astype(np.int64)
         elif s.name == "position":
-            out[s.name] = np.full(s.shape, cfg.helium.max_position_embeddings + 3, np.int64)
+            out[s.name] = np.full(s.shape, cfg.temporal_config.max_position_embeddings + 3, np.int64)
         elif s.name == "text_token":
             out[s.name] = rng.integers(0, cfg.text_vocab_size, size=s.shape).astype(np.int64)
         elif s.name.endswith("noise"):
@@ -356,10 +363,10 @@ def _streamed_parts(cfg: PersonaPlexConfig) -> tuple[list[str], list[str]]:
     """Submodules the check loads only while they run: each Helium layer and the text head;
     each depformer step's own projections and MLP (every one runs once per frame). Embedding
     tables and norms stay loaded for the call."""
-    steps = range(cfg.depformer.num_active_codebooks)
-    helium = [f"layers.{i}" for i in range(cfg.helium.num_hidden_layers)] + ["text_linear"]
+    steps = range(cfg.depformer_config.num_active_codebooks)
+    helium = [f"layers.{i}" for i in range(cfg.temporal_config.num_hidden_layers)] + ["text_linear"]
     depformer = [f"{kind}.{k}" for kind in ("depformer_in", "linears") for k in steps] + [
-        f"layers.{j}.{kind}.{k}" for j in range(cfg.depformer.num_hidden_layers)
+        f"layers.{j}.{kind}.{k}" for j in range(cfg.depformer_config.num_hidden_layers)
         for kind in ("in_projs", "out_projs", "gating") for k in steps]
     return helium, depformer
 
@@ -403,8 +410,8 @@ def available_memory() -> int | None:
 def _probe_config(cfg: PersonaPlexConfig) -> PersonaPlexConfig:
     """The same model with one layer in each transformer: every kind of weight at full width."""
     d = cfg.to_dict()
-    d["helium"]["num_hidden_layers"] = 1
-    d["depformer"]["num_hidden_layers"] = 1
+    d["temporal_config"]["num_hidden_layers"] = 1
+    d["depformer_config"]["num_hidden_layers"] = 1
     return PersonaPlexConfig.from_dict(d)
 
 

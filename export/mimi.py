@@ -96,7 +96,7 @@ def expected_mimi_tensors(cfg: PersonaPlexMimiConfig) -> dict[str, tuple[int, ..
         if name.startswith("quantizer."):
             continue
         shapes[_checkpoint_name(name)] = tuple(p.shape)
-    d, cd, bins = cfg.hidden_size, cfg.codebook_dim, cfg.codebook_size
+    d, cd, bins = cfg.hidden_size, cfg.codebook_dim, cfg.card
     for part, count in (("rvq_first", cfg.num_semantic_quantizers),
                         ("rvq_rest", cfg.num_quantizers - cfg.num_semantic_quantizers)):
         shapes[f"quantizer.{part}.input_proj.weight"] = (cd, d, 1)

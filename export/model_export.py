@@ -30,8 +30,8 @@ VERIFY = ("auto", "full", "reduced", "off")  # the LM graphs' check, see export_
 def export_codec(mimi: Mimi, out: Path, batch: int, progress: Progress) -> dict[str, GraphEntry]:
     cfg = mimi.cfg
     gen = torch.Generator().manual_seed(0)
-    pcm = torch.randn(batch, 1, cfg.frame_size, generator=gen) * 0.1
-    codes = torch.randint(0, cfg.codebook_size, (batch, cfg.num_codebooks), generator=gen)
+    pcm = torch.randn(batch, 1, cfg.samples_per_frame, generator=gen) * 0.1
+    codes = torch.randint(0, cfg.card, (batch, cfg.num_codebooks), generator=gen)
     graphs = {}
     for name, step, spec, example, output, state, rings in (
             ("mimi_encoder", mimi.encode_step, TensorSpec("pcm", tuple(pcm.shape), "float32"),
@@ -148,7 +148,7 @@ def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "f
     check_output_space(ckpt, out_dir, precision, depformer_precision,
                        engines=backend == "tensorrt" and build_engines)
     progress(f"loading Mimi from {ckpt.mimi}")
-    mimi = load_mimi(ckpt.mimi, cfg.mimi)
+    mimi = load_mimi(ckpt.mimi, cfg.mimi_config)
     with staged_dir(out_dir) as stage:
         graphs = export_codec(mimi, stage, batch, progress)
         del mimi

@@ -19,7 +19,7 @@ CLUSTER_USAGE_EPS = 1e-5
 class SplitRVQ(nn.Module):
     def __init__(self, cfg: PersonaPlexMimiConfig):
         super().__init__()
-        n, bins, cd, d = cfg.num_codebooks, cfg.codebook_size, cfg.codebook_dim, cfg.hidden_size
+        n, bins, cd, d = cfg.num_codebooks, cfg.card, cfg.codebook_dim, cfg.hidden_size
         self.num_codebooks = n
         self.first_in = nn.Linear(d, cd, bias=False)
         self.first_out = nn.Linear(cd, d, bias=False)

@@ -28,7 +28,7 @@ The weather is nice, the sun is shining, and the birds are singing in the trees.
 
 @torch.no_grad()
 def random_mimi_tensors(cfg: PersonaPlexConfig, seed: int = 0) -> dict[str, torch.Tensor]:
-    mc = cfg.mimi
+    mc = cfg.mimi_config
     torch.manual_seed(seed)
     model = Mimi(mc)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -39,7 +39,7 @@ def random_mimi_tensors(cfg: PersonaPlexConfig, seed: int = 0) -> dict[str, torc
         if name.endswith("layer_scale_1.scale") or name.endswith("layer_scale_2.scale"):
             p = torch.rand(p.shape, generator=gen) * 0.5 + 0.25
         out[_checkpoint_name(name)] = p.contiguous()
-    d, cd, bins = mc.hidden_size, mc.codebook_dim, mc.codebook_size
+    d, cd, bins = mc.hidden_size, mc.codebook_dim, mc.card
     # centroids at the scale of the projected latents, so that codes spread out
     scale = 0.5 / cd ** 0.5
     for part, count in (("rvq_first", mc.num_semantic_quantizers),

@@ -31,7 +31,7 @@ def _voice_arrays(name: str, obj, cfg: PersonaPlexConfig, where: str) -> dict[st
         raise CheckpointError(f"{where}: voice {name} holds {keys}, not a voice prompt "
                               "({'embeddings', 'cache'})")
     emb, cache = obj["embeddings"], obj["cache"]
-    D = cfg.helium.hidden_size
+    D = cfg.temporal_config.hidden_size
     if not (torch.is_tensor(emb) and emb.is_floating_point() and emb.ndim >= 2
             and emb.shape[-1] == D and emb[0].numel() == D):
         raise CheckpointError(f"{where}: voice {name} has embeddings "

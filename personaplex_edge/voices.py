@@ -90,7 +90,7 @@ def load_voice(model_dir: str | Path, manifest: Manifest, name: str) -> VoicePro
         else:
             embeddings = archive[f"{voice}.{EMBEDDINGS_F32}"].astype(np.float32)
         cache = archive[f"{voice}.{CACHE}"].astype(np.int64)
-    D = manifest.config.helium.hidden_size
+    D = manifest.config.temporal_config.hidden_size
     if embeddings.ndim != 2 or embeddings.shape[1] != D or cache.ndim != 2 \
             or cache.shape[0] != NUM_STREAMS:
         raise ModelDirError(f"{path}: voice {voice} has embeddings {list(embeddings.shape)} and "

@@ -20,9 +20,9 @@ class Codec:
     def __init__(self, model_dir: str | Path, manifest: Manifest, device: str = "auto",
                  threads: int | None = None):
         self.manifest = manifest
-        self.frame_size = manifest.config.mimi.frame_size
-        self.sample_rate = manifest.config.mimi.sampling_rate
-        self.num_codebooks = manifest.config.mimi.num_codebooks
+        self.frame_size = manifest.config.mimi_config.samples_per_frame
+        self.sample_rate = manifest.config.mimi_config.sample_rate
+        self.num_codebooks = manifest.config.mimi_config.num_codebooks
         self.encoder = open_graph(model_dir, manifest, "mimi_encoder", device, threads)
         self.decoder = open_graph(model_dir, manifest, "mimi_decoder", device, threads)
         self._pcm_in = self.encoder.inputs["pcm"]  # [B, 1, frame]

@@ -151,7 +151,7 @@ class Session:
 
     @property
     def context(self) -> int:
-        return self.config.helium.max_position_embeddings
+        return self.config.temporal_config.max_position_embeddings
 
     # -- persona ----------------------------------------------------------------------------
     def prompt_frames(self, text_prompt: str | None, voice_codes: np.ndarray | None = None,

@@ -23,7 +23,7 @@ def tiny_cfg():
 def tiny_mimi_ref(tiny_cfg):
     from moshi_reference import reference_mimi
 
-    return reference_mimi(tiny_cfg.mimi, seed=0)
+    return reference_mimi(tiny_cfg.mimi_config, seed=0)
 
 
 @pytest.fixture(scope="session")
@@ -38,8 +38,8 @@ def tiny_codec_checkpoint(tmp_path_factory, tiny_cfg, tiny_mimi_ref) -> Path:
     root = tmp_path_factory.mktemp("tiny_ckpt")
     save_published(tiny_mimi_ref, root / MIMI_FILE)
     (root / CONFIG_FILE).write_text(json.dumps(
-        {"model_type": "personaplex", "version": "7b-v1", "mimi": tiny_cfg.to_dict()["mimi"],
-         "helium": tiny_cfg.to_dict()["helium"], "depformer": tiny_cfg.to_dict()["depformer"]}))
+        {"model_type": "personaplex", "version": "7b-v1", "mimi_config": tiny_cfg.to_dict()["mimi_config"],
+         "temporal_config": tiny_cfg.to_dict()["temporal_config"], "depformer_config": tiny_cfg.to_dict()["depformer_config"]}))
     return root
 
 

@@ -84,7 +84,7 @@ class TorchLM:
     @torch.no_grad()
     def temporal(self, tokens: np.ndarray, position: int):
         logits, hidden, rows = self.helium.forward_logits(
-            torch.from_numpy(tokens), torch.zeros(1, self.cfg.helium.hidden_size),
+            torch.from_numpy(tokens), torch.zeros(1, self.cfg.temporal_config.hidden_size),
             torch.tensor([position]), self.ring)
         self._write(self.ring, rows, position, self.helium.context)
         return logits, hidden
@@ -110,14 +110,14 @@ class OrtLM:
                                            providers=["CPUExecutionProvider"])
         self.depformer = ort.InferenceSession(str(graph_dir / "depformer_step.onnx"), opts,
                                               providers=["CPUExecutionProvider"])
-        h = cfg.helium
+        h = cfg.temporal_config
         shape = (1, h.num_attention_heads, h.max_position_embeddings, h.head_dim)
         self.ring = {f"past_key_values.{i}.{kind}": np.zeros(shape, np.float32)
                      for i in range(h.num_hidden_layers) for kind in ("key", "value")}
 
     def frame(self, tokens: np.ndarray, position: int, text_noise: np.ndarray,
               audio_noise: np.ndarray, temperature=(0.7, 0.8), top_k=(25, 250)):
-        h = self.cfg.helium
+        h = self.cfg.temporal_config
         feed = {"tokens": tokens, "extra_embedding": np.zeros((1, h.hidden_size), np.float32),
                 "position": np.array([position], np.int64), "text_noise": text_noise,
                 "text_temperature": np.array([temperature[0]], np.float32),

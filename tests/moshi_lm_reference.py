@@ -28,7 +28,7 @@ from personaplex_edge.streams import DELAYS, TEXT_PAD  # noqa: E402
 
 
 def moshi_lm_kwargs(cfg: PersonaPlexConfig) -> dict:
-    h, d = cfg.helium, cfg.depformer
+    h, d = cfg.temporal_config, cfg.depformer_config
     # moshi sizes the gated MLP as 2/3 of dim_feedforward (when that is not exactly 4 * dim)
     ff, dep_ff = 3 * h.intermediate_size // 2, 3 * d.intermediate_size // 2
     assert ff != 4 * h.hidden_size and dep_ff != 4 * d.hidden_size
@@ -62,9 +62,9 @@ def reference_lm(cfg: PersonaPlexConfig, seed: int = 0):
         p.copy_(p.to(torch.bfloat16).float())
     # moshi's sizing rule must land on the config's MLP widths
     assert model.transformer.layers[0].gating.linear_out.in_features == \
-        cfg.helium.intermediate_size
+        cfg.temporal_config.intermediate_size
     assert model.depformer.layers[0].gating[0].linear_out.in_features == \
-        cfg.depformer.intermediate_size
+        cfg.depformer_config.intermediate_size
     return model.eval()
 
 

@@ -41,9 +41,9 @@ def moshi_mimi_kwargs(cfg: PersonaPlexMimiConfig) -> dict:
         "output_dimensions": [cfg.hidden_size],
     }
     quantizer = {"dimension": cfg.codebook_dim, "n_q": cfg.num_quantizers,
-                 "bins": cfg.codebook_size, "input_dimension": cfg.hidden_size,
+                 "bins": cfg.card, "input_dimension": cfg.hidden_size,
                  "output_dimension": cfg.hidden_size}
-    return {"sample_rate": cfg.sampling_rate, "channels": 1, "frame_rate": cfg.frame_rate,
+    return {"sample_rate": cfg.sample_rate, "channels": 1, "frame_rate": cfg.frame_rate,
             "seanet": seanet, "quantizer": quantizer, "transformer": transformer}
 
 
@@ -67,7 +67,7 @@ def reference_mimi(cfg: PersonaPlexMimiConfig, seed: int = 0):
                 buf.fill_(1.0)
         # Centroids drawn around the latents they quantize, level by level (like a k-means
         # initialisation), so that every codebook's codes spread out.
-        probe = torch.randn(1, 1, 48 * cfg.frame_size, generator=gen)
+        probe = torch.randn(1, 1, 48 * cfg.samples_per_frame, generator=gen)
         probe *= torch.linspace(0.02, 0.6, probe.shape[-1])
         latent = model._encode_to_unquantized_latent(probe)
         for rvq in (model.quantizer.rvq_first, model.quantizer.rvq_rest):

@@ -25,17 +25,17 @@ def test_config_json_round_trip_and_overrides():
     assert again == cfg
     # the published config.json carries no architecture fields: defaults are PersonaPlex-7B
     real = PersonaPlexConfig.from_dict({"model_type": "personaplex", "version": "7b-v1"})
-    assert real.helium.hidden_size == 4096 and real.mimi.frame_size == 1920
-    assert real.depformer.num_active_codebooks == 8 and real.text_embedding_rows == 32001
-    partial = PersonaPlexConfig.from_dict({"mimi": {"num_filters": 8}})
-    assert partial.mimi.num_filters == 8 and partial.mimi.hidden_size == 512
+    assert real.temporal_config.hidden_size == 4096 and real.mimi_config.samples_per_frame == 1920
+    assert real.depformer_config.num_active_codebooks == 8 and real.text_embedding_rows == 32001
+    partial = PersonaPlexConfig.from_dict({"mimi_config": {"num_filters": 8}})
+    assert partial.mimi_config.num_filters == 8 and partial.mimi_config.hidden_size == 512
 
 
 def test_config_rejects_unknown_and_inconsistent_fields():
     with pytest.raises(ConfigError, match="hidden_sise"):
-        PersonaPlexConfig.from_dict({"helium": {"hidden_sise": 10}})
-    with pytest.raises(ConfigError, match="multiple of the SEANet hop"):
-        PersonaPlexConfig.from_dict({"mimi": {"upsampling_ratios": [7, 6, 5, 4]}})
+        PersonaPlexConfig.from_dict({"temporal_config": {"hidden_sise": 10}})
+    with pytest.raises(ConfigError, match="the SEANet hop"):
+        PersonaPlexConfig.from_dict({"mimi_config": {"upsampling_ratios": [7, 6, 5, 4]}})
 
 
 def _rewrite(src, dst, edit):
@@ -49,7 +49,7 @@ def test_checkpoint_missing_tensor_is_named(tiny_cfg, tiny_codec_checkpoint, tmp
     _rewrite(tiny_codec_checkpoint / MIMI_FILE, tmp_path / "m.safetensors",
              lambda t: t.pop(key))
     with pytest.raises(CheckpointError, match=f"missing tensor '{key}'"):
-        load_mimi(tmp_path / "m.safetensors", tiny_cfg.mimi)
+        load_mimi(tmp_path / "m.safetensors", tiny_cfg.mimi_config)
 
 
 def test_checkpoint_misshaped_tensor_is_named(tiny_cfg, tiny_codec_checkpoint, tmp_path):
@@ -59,12 +59,12 @@ def test_checkpoint_misshaped_tensor_is_named(tiny_cfg, tiny_codec_checkpoint, t
         t[key] = t[key][:, :-1].contiguous()
     _rewrite(tiny_codec_checkpoint / MIMI_FILE, tmp_path / "m.safetensors", shrink)
     with pytest.raises(CheckpointError, match=rf"tensor '{key}' has shape"):
-        load_mimi(tmp_path / "m.safetensors", tiny_cfg.mimi)
+        load_mimi(tmp_path / "m.safetensors", tiny_cfg.mimi_config)
 
 
 def test_config_that_disagrees_with_weights_names_the_tensor(tiny_codec_checkpoint, tiny_cfg):
-    wider = PersonaPlexConfig.from_dict({"mimi": {**tiny_cfg.to_dict()["mimi"],
-                                                  "num_filters": 8}}).mimi
+    wider = PersonaPlexConfig.from_dict({"mimi_config": {**tiny_cfg.to_dict()["mimi_config"],
+                                                  "num_filters": 8}}).mimi_config
     with pytest.raises(CheckpointError, match=r"tensor 'decoder\.model\.0\.conv\.conv\.weight' has shape \[64, 32, 7\], "
                        r"the config implies \[128, 32, 7\]"):
         load_mimi(tiny_codec_checkpoint / MIMI_FILE, wider)

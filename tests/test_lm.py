@@ -44,10 +44,10 @@ def test_published_layout_matches_expected_shapes(bundle):
 
 
 @pytest.mark.parametrize("change, tensor", [
-    ({"helium": {"intermediate_size": 160}}, "transformer.layers.0.gating.linear_in.weight"),
-    ({"depformer": {"dep_q": 12, "num_active_codebooks": 8}},
+    ({"temporal_config": {"intermediate_size": 160}}, "transformer.layers.0.gating.linear_in.weight"),
+    ({"depformer_config": {"dep_q": 12, "num_active_codebooks": 8}},
      "depformer.layers.0.self_attn.in_proj_weight"),
-    ({"text_vocab_size": 31999}, "text_linear.weight"),
+    ({"text_vocab_size": 31999, "text_embedding_rows": 32000}, "text_linear.weight"),
 ])
 def test_config_disagreeing_with_checkpoint_names_the_tensor(bundle, change, tensor):
     base = preset("tiny").to_dict()
@@ -165,7 +165,7 @@ def test_depformer_teacher_forced_logits_match_reference(bundle, modules):
     ref = bundle.ref
     B = 3
     gen = torch.Generator().manual_seed(11)
-    hidden = torch.randn(B, bundle.cfg.helium.hidden_size, generator=gen)
+    hidden = torch.randn(B, bundle.cfg.temporal_config.hidden_size, generator=gen)
     text = torch.randint(0, 32000, (B,), generator=gen)
     audio = torch.randint(0, 2048, (B, 8), generator=gen)
     want = []
@@ -248,7 +248,7 @@ def test_sampled_onnx_matches_torch_with_the_same_noise(bundle, modules):
 
 def test_export_entries_describe_the_graphs(bundle):
     graph_dir, entries = lm_graphs()
-    h = bundle.cfg.helium
+    h = bundle.cfg.temporal_config
     helium = entries["helium_step"]
     names = [s.name for s in helium.inputs]
     assert names[:6] == ["tokens", "extra_embedding", "position", "text_noise",
@@ -267,11 +267,11 @@ def test_export_entries_describe_the_graphs(bundle):
 
 def test_inactive_depformer_steps_are_not_built(bundle, modules):
     _, depformer = modules
-    assert bundle.cfg.depformer.dep_q == 16  # the checkpoint holds 16 steps ...
+    assert bundle.cfg.depformer_config.dep_q == 16  # the checkpoint holds 16 steps ...
     assert depformer.steps == 8 and len(depformer.linears) == 8  # ... 8 are built
     assert len(depformer.layers[0].in_projs) == 8 and len(depformer.audio_emb) == 7
     # step 7's slice of the packed weights is the 8th block of rows, not another one
-    dim = bundle.cfg.depformer.hidden_size
+    dim = bundle.cfg.depformer_config.hidden_size
     packed = bundle.ref.depformer.layers[0].self_attn.in_projs[7].weight
     torch.testing.assert_close(depformer.layers[0].in_projs[7].weight, packed, rtol=0, atol=0)
     assert depformer.layers[0].in_projs[7].weight.shape == (3 * dim, dim)

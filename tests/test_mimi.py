@@ -31,7 +31,7 @@ def _speechlike(frames: int, frame_size: int, seed: int = 0) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def tiny_reference_run(tiny_cfg, tiny_mimi_ref):
-    frame = tiny_cfg.mimi.frame_size
+    frame = tiny_cfg.mimi_config.samples_per_frame
     pcm, (codes, out) = tie_free(
         lambda x: reference_stream(tiny_mimi_ref, torch.from_numpy(x), frame),
         lambda seed: _speechlike(FRAMES, frame, seed))
@@ -47,8 +47,8 @@ def test_reference_codes_are_not_degenerate(tiny_reference_run):
 
 def test_torch_modules_match_reference(tiny_cfg, tiny_codec_checkpoint, tiny_reference_run):
     pcm, ref_codes, ref_out = tiny_reference_run
-    mimi = load_mimi(tiny_codec_checkpoint / MIMI_FILE, tiny_cfg.mimi)
-    frame = tiny_cfg.mimi.frame_size
+    mimi = load_mimi(tiny_codec_checkpoint / MIMI_FILE, tiny_cfg.mimi_config)
+    frame = tiny_cfg.mimi_config.samples_per_frame
     enc_rings, dec_rings = mimi.encoder_rings(), mimi.decoder_rings()
     enc_state = initial_state(mimi.encoder_state()) | {
         r.input_name: torch.zeros(r.shape) for r in enc_rings}
@@ -97,7 +97,7 @@ def test_real_size_onnx_matches_reference(tmp_path):
     """The real Mimi size (random weights): the ONNX graphs against moshi's streaming Mimi."""
     torch.set_num_threads(2)
     cfg = PersonaPlexConfig()
-    ref = reference_mimi(cfg.mimi, seed=1)
+    ref = reference_mimi(cfg.mimi_config, seed=1)
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     save_published(ref, ckpt / MIMI_FILE)
@@ -105,8 +105,8 @@ def test_real_size_onnx_matches_reference(tmp_path):
                  progress=lambda s: None)
     frames = 130
     pcm, (ref_codes, ref_out) = tie_free(
-        lambda x: reference_stream(ref, torch.from_numpy(x), cfg.mimi.frame_size),
-        lambda seed: _speechlike(frames, cfg.mimi.frame_size, seed=1 + seed))
+        lambda x: reference_stream(ref, torch.from_numpy(x), cfg.mimi_config.samples_per_frame),
+        lambda seed: _speechlike(frames, cfg.mimi_config.samples_per_frame, seed=1 + seed))
     codec = Codec.load(tmp_path / "model", device="cpu", threads=2)
     codes = codec.encode(pcm)
     assert len(np.unique(ref_codes.numpy()[:, 0])) >= 8

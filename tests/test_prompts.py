@@ -37,7 +37,7 @@ def test_columns_delay_the_acoustic_codebooks_by_one_frame():
 
 
 def test_stored_voice_prompt_replays_embeddings_then_restores_the_cache():
-    n, d = 4, CFG.helium.hidden_size
+    n, d = 4, CFG.temporal_config.hidden_size
     emb = np.arange(n * d, dtype=np.float32).reshape(n, d)
     cache = np.arange(17 * 4, dtype=np.int64).reshape(17, 4) + 500  # [17, 4] ring of columns
     frames = _frames(3)

@@ -150,8 +150,8 @@ def test_exported_codec_matches_moshi(exported, tiny_cfg, tiny_mimi_ref):
     out, manifest = exported
     frames = 6
     gen = torch.Generator().manual_seed(5)
-    pcm = torch.randn(frames * tiny_cfg.mimi.frame_size, generator=gen) * 0.2
-    want, _ = reference_stream(tiny_mimi_ref, pcm, tiny_cfg.mimi.frame_size)
+    pcm = torch.randn(frames * tiny_cfg.mimi_config.samples_per_frame, generator=gen) * 0.2
+    want, _ = reference_stream(tiny_mimi_ref, pcm, tiny_cfg.mimi_config.samples_per_frame)
     codec = Codec(out, manifest, device="cpu", threads=1)
     np.testing.assert_array_equal(codec.encode(pcm.numpy()), want.numpy())
 
@@ -187,8 +187,8 @@ def test_voice_bank_of_another_model_is_refused(published, tmp_path):
     from personaplex_edge.export.voices import convert_voice_bank
 
     cfg = preset("tiny")
-    wider = cfg.from_dict({**cfg.to_dict(), "helium": {**cfg.to_dict()["helium"],
-                                                       "hidden_size": 128}})
+    wider = cfg.from_dict({**cfg.to_dict(), "temporal_config": {
+        **cfg.to_dict()["temporal_config"], "hidden_size": 128, "head_dim": 32}})
     with pytest.raises(CheckpointError, match=r"NATF0 has embeddings \[5, 1, 1, 64\]"):
         convert_voice_bank(published[0] / VOICES_FILE, tmp_path / "v.npz", wider)
     (tmp_path / "bad.tgz").write_bytes(b"not a tarball")
@@ -362,9 +362,9 @@ def test_frugal_export_memory_bound(tmp_path):
     """d = 1024, text vocab 32000, 2 layers: peak RSS of the whole export (check included) within
     1.3 x the float32 weights written + 1 GB. Holding the weights in torch and in onnxruntime at
     once (the in-memory path) needs ~2.5 GB here and fails it."""
-    cfg = {"helium": {"hidden_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 8,
+    cfg = {"temporal_config": {"hidden_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 8,
                       "intermediate_size": 2816, "max_position_embeddings": 250},
-           "depformer": {"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "depformer_config": {"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
                          "head_dim": 64, "intermediate_size": 704}}
     args = [sys.executable, "-c", _RSS_CHILD, json.dumps(cfg), str(tmp_path / "lm.safetensors"),
             str(tmp_path / "out")]
@@ -403,7 +403,7 @@ def test_reduced_check_for_graphs_too_large_to_run(tmp_path, monkeypatch):
     with open(tmp_path / "depformer_step.onnx.data", "r+b") as f:
         f.seek(offset)
         f.write(np.float32(1e3).tobytes())  # the first element of step 7's slice
-    row = 7 * 3 * bundle.cfg.depformer.hidden_size  # the slice's first row in the packed tensor
+    row = 7 * 3 * bundle.cfg.depformer_config.hidden_size  # the slice's first row in the packed tensor
     with pytest.raises(ExportMismatch, match=rf"in_projs\.7\.weight row {row} of "
                                              r"'depformer\.layers\.0\.self_attn\.in_proj"):
         lm.spot_check_weights(tmp_path / "depformer_step.onnx", plans, header)

@@ -14,7 +14,7 @@ from personaplex_edge.errors import ModelDirError, VoiceError
 from personaplex_edge.manifest import Manifest
 from personaplex_edge.voices import (available_voices, bf16_bits_to_float32, load_voice)
 
-D = preset("tiny").helium.hidden_size
+D = preset("tiny").temporal_config.hidden_size
 
 
 def _manifest(voices="voices.npz") -> Manifest:

@@ -1,0 +1,114 @@
+"""The config layout of the seed (vllm-omni's PersonaPlex integration): what a vllm-omni user's
+config.json holds loads, what this runtime cannot honour is refused naming the field, and the
+layout this project wrote before still loads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from personaplex_edge.config import (HeliumConfig, PersonaPlexConfig, PersonaPlexDepformerConfig,
+                                     PersonaPlexMimiConfig, preset)
+from personaplex_edge.errors import ConfigError
+
+# What transformers' save_pretrained writes for a PersonaPlexConfig in the seed's layout: the
+# generic keys of every PretrainedConfig at the top and in each sub-config.
+VLLM_OMNI_CONFIG = {
+    "architectures": ["PersonaPlexTalkerForConditionalGeneration"],
+    "model_type": "personaplex",
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.57.1",
+    "text_vocab_size": 32000,
+    "text_embedding_rows": 32001,
+    "audio_vocab_size": 2048,
+    "num_audio_codebooks": 16,
+    "mimi_name": "tokenizer-e351c8d8-checkpoint125.safetensors",
+    "temporal_config": {"model_type": "personaplex_helium", "hidden_size": 4096,
+                        "num_hidden_layers": 32, "num_attention_heads": 32,
+                        "num_key_value_heads": 32, "intermediate_size": 11264,
+                        "max_position_embeddings": 3000, "rope_theta": 10000.0,
+                        "rms_norm_eps": 1e-8, "hidden_act": "silu", "use_cache": True,
+                        "torch_dtype": "bfloat16"},
+    "depformer_config": {"model_type": "personaplex_depformer", "hidden_size": 1024,
+                         "num_hidden_layers": 6, "num_attention_heads": 16,
+                         "num_key_value_heads": 16, "head_dim": 64,
+                         "max_position_embeddings": 8, "dep_q": 16, "num_active_codebooks": 8,
+                         "card": 2048, "rope_theta": 10000.0, "rms_norm_eps": 1e-8,
+                         "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+                         "intermediate_size": 2816, "use_cache": True},
+    "mimi_config": {"model_type": "personaplex_mimi", "sample_rate": 24000, "frame_rate": 12.5,
+                    "samples_per_frame": 1920, "num_codebooks": 8, "card": 2048,
+                    "num_channels": 1, "mimi_name": None},
+}
+
+
+def test_a_vllm_omni_config_with_hugging_face_keys_loads_as_the_7b():
+    cfg = PersonaPlexConfig.from_dict(json.loads(json.dumps(VLLM_OMNI_CONFIG)))
+    assert cfg.temporal_config == HeliumConfig()
+    assert cfg.depformer_config == PersonaPlexDepformerConfig()
+    # the top-level mirror overrides the sub-config's value, as the seed documents
+    assert cfg.mimi_config.mimi_name == "tokenizer-e351c8d8-checkpoint125.safetensors"
+    assert cfg.mimi_name == cfg.mimi_config.mimi_name
+    assert cfg.sample_rate == 24000 and cfg.mimi_config.samples_per_frame == 1920
+    assert set(cfg.sub_configs) == {"temporal_config", "depformer_config", "mimi_config"}
+    assert cfg.get_text_config() is cfg.temporal_config
+
+
+def test_the_written_layout_is_the_seeds_and_round_trips():
+    cfg = preset("tiny")
+    d = cfg.to_dict()
+    assert d["model_type"] == "personaplex"
+    assert d["architectures"] == ["PersonaPlexTalkerForConditionalGeneration"]
+    assert d["mimi_config"]["model_type"] == "personaplex_mimi"
+    assert d["mimi_config"]["samples_per_frame"] == 1920
+    assert "sampling_rate" not in d["mimi_config"] and "helium" not in d
+    assert PersonaPlexConfig.from_dict(json.loads(cfg.to_json())) == cfg
+
+
+def test_the_layout_written_before_still_loads():
+    new = preset("tiny").to_dict()
+    old = {"helium": {k: v for k, v in new["temporal_config"].items() if k != "model_type"},
+           "depformer": new["depformer_config"],
+           "mimi": {("sampling_rate" if k == "sample_rate" else
+                     "codebook_size" if k == "card" else k): v
+                    for k, v in new["mimi_config"].items()}}
+    assert PersonaPlexConfig.from_dict(old) == preset("tiny")
+
+
+@pytest.mark.parametrize("where, field, value, message", [
+    ("temporal_config", "hidden_act", "gelu", r"temporal_config\.hidden_act = 'gelu'"),
+    ("temporal_config", "attention_bias", True, r"temporal_config\.attention_bias = True"),
+    ("temporal_config", "mlp_bias", True, r"temporal_config\.mlp_bias = True"),
+    ("temporal_config", "num_key_value_heads", 8, r"temporal_config\.num_key_value_heads = 8"),
+    ("depformer_config", "hidden_act", "relu", r"depformer_config\.hidden_act = 'relu'"),
+    ("depformer_config", "mlp_bias", True, r"depformer_config\.mlp_bias = True"),
+    ("depformer_config", "num_key_value_heads", 4,
+     r"depformer_config\.num_key_value_heads = 4"),
+    ("mimi_config", "samples_per_frame", 2000, r"mimi_config\.samples_per_frame = 2000"),
+    ("mimi_config", "num_channels", 2, r"mimi_config\.num_channels = 2"),
+    ("mimi_config", "card", 1024, r"mimi_config\.card = 1024"),
+])
+def test_a_value_the_runtime_cannot_honour_is_refused_naming_it(where, field, value, message):
+    data = json.loads(json.dumps(VLLM_OMNI_CONFIG))
+    data[where][field] = value
+    with pytest.raises(ConfigError, match=message):
+        PersonaPlexConfig.from_dict(data)
+
+
+def test_a_misspelt_key_is_still_refused():
+    for where in ("temporal_config", "depformer_config", "mimi_config"):
+        data = json.loads(json.dumps(VLLM_OMNI_CONFIG))
+        data[where]["num_hiden_layers"] = 3
+        with pytest.raises(ConfigError, match=rf"{where}: unknown field\(s\) num_hiden_layers"):
+            PersonaPlexConfig.from_dict(data)
+    with pytest.raises(ConfigError, match="text_vocab_sise"):
+        PersonaPlexConfig.from_dict({"text_vocab_sise": 3})
+
+
+def test_frame_size_must_agree_with_the_rates():
+    assert PersonaPlexMimiConfig(sample_rate=16000, samples_per_frame=1280,
+                                 upsampling_ratios=(8, 5, 4, 4)).steps_per_frame == 2
+    with pytest.raises(ConfigError, match="samples_per_frame = 1920: disagrees with sample_rate "
+                                          "16000"):
+        PersonaPlexMimiConfig(sample_rate=16000)
