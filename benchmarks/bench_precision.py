@@ -95,7 +95,7 @@ def agreement_runs(model_dir: Path, user: np.ndarray, reference, threads: int,
                    warmup: int) -> dict:
     """Greedy runs over all frames: the reference's own tokens, or a precision's agreement
     with them (forced and free)."""
-    from personaplex_edge.runtime.lm_probe import GreedyLM, agreement, hidden_error
+    from lm_probe import GreedyLM, agreement, hidden_error
 
     lm = GreedyLM(model_dir, threads=threads)
     free = lm.run(user)
@@ -114,7 +114,7 @@ def timing_rounds(dirs: dict[str, Path], user: np.ndarray, threads: int, rounds:
     whatever else the machine does over all precisions alike; medians drop the spikes."""
     import gc
 
-    from personaplex_edge.runtime.lm_probe import GreedyLM
+    from lm_probe import GreedyLM
 
     per: dict[str, list[tuple[float, float]]] = {p: [] for p in dirs}
     for r in range(rounds):

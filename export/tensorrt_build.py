@@ -27,7 +27,7 @@ from typing import Callable
 
 from personaplex_edge.errors import PersonaPlexError
 from personaplex_edge.manifest import Manifest, load_model_dir, sha256_file, write_manifest
-from personaplex_edge.runtime.trt_engine import EngineSpec
+from personaplex_edge.runtime.backends.trt_engine import EngineSpec
 
 Progress = Callable[[str], None]
 # fp8 tensor cores: Ada (8.9) and Hopper (9.0) and newer; Orin (8.7) has none
@@ -39,7 +39,7 @@ class EngineBuildError(PersonaPlexError):
 
 
 def _tensorrt():
-    from personaplex_edge.runtime.trt_backend import import_tensorrt
+    from personaplex_edge.runtime.backends.trt import import_tensorrt
 
     return import_tensorrt()
 
@@ -62,7 +62,7 @@ def build_engine(onnx_path: Path, engine_path: Path, precision: str,
                  timing_cache: Path | None = None, workspace_bytes: int | None = None,
                  progress: Progress = print) -> EngineSpec:
     """Parses `onnx_path`, builds its engine into `engine_path` and returns its EngineSpec."""
-    from personaplex_edge.runtime.cuda_runtime import device_info
+    from personaplex_edge.runtime.backends.cuda_runtime import device_info
 
     trt = _tensorrt()
     info = device_info(0)

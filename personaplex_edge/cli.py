@@ -211,7 +211,7 @@ def cmd_run(args) -> int:
     session = _session(args)
     talk = _Conversation(session, records=bool(args.text_out))
     if args.realtime:
-        from .runtime.paced_file import run_paced
+        from .runtime.audio_io.paced_file import run_paced
 
         out, loop = run_paced(talk.step, pcm, frame_size=session.frame_size,
                               max_backlog_frames=args.max_backlog_frames, on_tick=_LiveStatus())
@@ -235,7 +235,7 @@ def cmd_run(args) -> int:
 
 def cmd_mic(args) -> int:
     """Full duplex on the sound devices until Ctrl-C (or --duration seconds)."""
-    from .runtime.sound import run_on_devices
+    from .runtime.audio_io.devices import run_on_devices
 
     session = _session(args, progress=_note)
     talk = _Conversation(session, echo=True)
@@ -276,7 +276,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_devices(args) -> int:
-    from .runtime.sound import list_devices
+    from .runtime.audio_io.devices import list_devices
 
     print(list_devices())
     return 0

@@ -146,14 +146,14 @@ def engines(model_dir: Path, graphs: list[str]) -> str:
 def open_lm(model_dir: Path, backend: str):
     """A GreedyLM whose graphs run on `backend` (see the module docstring)."""
     from personaplex_edge.manifest import load_model_dir
-    from personaplex_edge.runtime.lm_probe import GreedyLM
+    from lm_probe import GreedyLM
 
     manifest = load_model_dir(model_dir)
     if backend == "ort-cpu":
         return GreedyLM(model_dir, dataclasses.replace(manifest, backend="onnx"), device="cpu")
     if backend == "ort-cuda":
-        from personaplex_edge.runtime.cuda_runtime import Stream
-        from personaplex_edge.runtime.ort_cuda import OrtCudaGraph
+        from personaplex_edge.runtime.backends.cuda_runtime import Stream
+        from personaplex_edge.runtime.backends.ort_cuda import OrtCudaGraph
 
         stream = Stream()
         return GreedyLM(model_dir, manifest, opener=lambda name: OrtCudaGraph(
@@ -168,8 +168,8 @@ def run_captured(model_dir: Path, user: np.ndarray, forced: np.ndarray | None):
     Helium's position input is mirrored by the graph's own host array, so no sync is needed
     beyond the one per frame."""
     from personaplex_edge.manifest import load_model_dir
-    from personaplex_edge.runtime.cuda_graphs import CapturedSequence
-    from personaplex_edge.runtime.lm_probe import linked_frame
+    from personaplex_edge.runtime.backends.cuda_graphs import CapturedSequence
+    from lm_probe import linked_frame
     from personaplex_edge.streams import TokenRing
 
     manifest = load_model_dir(model_dir)
@@ -196,7 +196,7 @@ def run_captured(model_dir: Path, user: np.ndarray, forced: np.ndarray | None):
 
 def time_lm(label: str, model_dir: Path, backend: str, user: np.ndarray,
             reference: np.ndarray | None, warmup: int = 5) -> str:
-    from personaplex_edge.runtime.lm_probe import agreement
+    from lm_probe import agreement
 
     if backend == "trt-graph":
         tokens, total = run_captured(model_dir, user, reference)
@@ -229,15 +229,15 @@ def time_codec(label: str, model_dir: Path, backend: str, frames: int = 60) -> s
     graphs = {}
     for name in ("mimi_encoder", "mimi_decoder"):
         if backend == "ort-cpu":
-            from personaplex_edge.runtime.ort_graph import OrtGraph
+            from personaplex_edge.runtime.backends.ort import OrtGraph
 
             graphs[name] = OrtGraph(model_dir, manifest.graphs[name])
         elif backend == "ort-cuda":
-            from personaplex_edge.runtime.ort_cuda import OrtCudaGraph
+            from personaplex_edge.runtime.backends.ort_cuda import OrtCudaGraph
 
             graphs[name] = OrtCudaGraph(model_dir, manifest.graphs[name])
         else:
-            from personaplex_edge.runtime.trt_backend import TrtGraph
+            from personaplex_edge.runtime.backends.trt import TrtGraph
 
             graphs[name] = TrtGraph(model_dir, manifest, manifest.graphs[name])
     enc, dec = graphs["mimi_encoder"], graphs["mimi_decoder"]
@@ -279,7 +279,7 @@ def environment(cpu_only: bool) -> str:
     except Exception as e:  # noqa: BLE001 - a wheel whose libraries do not load raises OSError
         parts.append(f"tensorrt: not usable ({type(e).__name__}: {e})")
     if not cpu_only:
-        from personaplex_edge.runtime.cuda_runtime import device_info
+        from personaplex_edge.runtime.backends.cuda_runtime import device_info
 
         info = device_info(0)
         parts.append(f"GPU {info.name}, compute capability {info.compute_capability}, "
@@ -429,7 +429,7 @@ def main() -> None:
     if not cpu_only:
         import onnxruntime as ort
 
-        from personaplex_edge.runtime.cuda_runtime import gpu_available
+        from personaplex_edge.runtime.backends.cuda_runtime import gpu_available
 
         if hasattr(ort, "preload_dlls"):  # CUDA/cuDNN from their pip wheels (onnxruntime-gpu)
             try:

@@ -7,7 +7,11 @@ import os
 
 os.environ.setdefault("NO_TORCH_COMPILE", "1")
 
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
+
+# benchmarks/ holds drivers the tests share with the benchmarks (lm_probe, soak)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import pytest  # noqa: E402
 

@@ -384,8 +384,8 @@ def install(monkeypatch, model_dir: Path) -> FakeCuda:
     import sys
 
     from personaplex_edge.manifest import load_model_dir, sha256_file, write_manifest
-    from personaplex_edge.runtime import cuda_runtime
-    from personaplex_edge.runtime.trt_engine import EngineSpec
+    from personaplex_edge.runtime.backends import cuda_runtime
+    from personaplex_edge.runtime.backends.trt_engine import EngineSpec
 
     cuda = FakeCuda()
     monkeypatch.setattr(cuda_runtime, "cudart", lambda: cuda)

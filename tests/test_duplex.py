@@ -6,10 +6,10 @@ import time
 
 import numpy as np
 
-from personaplex_edge.runtime.duplex import DuplexLoop
+from personaplex_edge.runtime.audio_io.duplex import DuplexLoop
 from personaplex_edge.runtime.metrics import FrameMetrics
-from personaplex_edge.runtime.paced_file import run_paced
-from personaplex_edge.runtime.ring import SampleRing
+from personaplex_edge.runtime.audio_io.paced_file import run_paced
+from personaplex_edge.runtime.audio_io.sample_ring import SampleRing
 
 FRAME = 1920
 

@@ -73,7 +73,7 @@ def test_slow_steps_drop_frames_and_stay_bounded(pulse_env):
     bounded, and the run ends cleanly."""
     code = """
 import time
-from personaplex_edge.runtime.sound import run_on_devices
+from personaplex_edge.runtime.audio_io.devices import run_on_devices
 backlog = []
 def slow(frame):
     backlog.append(len(loop_ref[0].input) if loop_ref else 0)

@@ -78,13 +78,13 @@ def user_codes() -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def fp32_tokens(fp32_dir, user_codes) -> np.ndarray:
-    from personaplex_edge.runtime.lm_probe import GreedyLM
+    from lm_probe import GreedyLM
 
     return GreedyLM(fp32_dir, threads=1).run(user_codes).tokens
 
 
 def _forced_agreement(model_dir: Path, user_codes, reference, backend: str = "onnx"):
-    from personaplex_edge.runtime.lm_probe import GreedyLM, agreement
+    from lm_probe import GreedyLM, agreement
 
     manifest = dataclasses.replace(load_model_dir(model_dir), backend=backend)
     run = GreedyLM(model_dir, manifest, threads=1).run(user_codes, forced=reference)

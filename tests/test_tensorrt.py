@@ -18,7 +18,7 @@ import pytest
 from personaplex_edge.config import preset
 from personaplex_edge.errors import ModelDirError
 from personaplex_edge.manifest import RingSpec, load_model_dir
-from personaplex_edge.runtime.trt_engine import EngineSpec, check_compatible, engine_spec
+from personaplex_edge.runtime.backends.trt_engine import EngineSpec, check_compatible, engine_spec
 
 
 def _gpu_reason() -> str | None:
@@ -27,7 +27,7 @@ def _gpu_reason() -> str | None:
         import tensorrt  # noqa: F401
     except (ImportError, OSError) as e:  # OSError: installed, but its libraries do not load
         return f"TensorRT's Python bindings are not usable (pip install tensorrt-cu12): {e}"
-    from personaplex_edge.runtime.cuda_runtime import gpu_available
+    from personaplex_edge.runtime.backends.cuda_runtime import gpu_available
 
     ok, why = gpu_available()
     return None if ok else f"no usable CUDA device: {why}"
@@ -109,7 +109,7 @@ def test_one_strided_copy_writes_every_ring_in_place(monkeypatch):
     """DeviceRings' address arithmetic, on simulated device memory: after write(positions),
     row r of every ring's output sits at slot (p + r) % T of that ring, exactly as
     RingSpec.write puts it on the CPU, and nothing else changed."""
-    from personaplex_edge.runtime import device_rings
+    from personaplex_edge.runtime.backends import device_rings
 
     dev = _FakeDevice()
     copies = []
@@ -167,7 +167,7 @@ def test_one_strided_copy_writes_every_ring_in_place(monkeypatch):
 
 def test_ring_positions_come_from_inputs_or_mirrored_state(monkeypatch):
     from personaplex_edge.manifest import GraphEntry, StateSpec
-    from personaplex_edge.runtime import device_rings
+    from personaplex_edge.runtime.backends import device_rings
 
     class Pinned:
         def __init__(self, shape, dtype):
@@ -196,7 +196,7 @@ def test_ring_positions_come_from_inputs_or_mirrored_state(monkeypatch):
 def test_onnxruntime_gpu_provider_options_are_documented_ones():
     """The provider options onnxruntime-gpu's Python API takes (an unknown one makes the
     provider fail to register): the stream as a decimal address, flags as strings."""
-    from personaplex_edge.runtime.ort_cuda import cuda_providers
+    from personaplex_edge.runtime.backends.ort_cuda import cuda_providers
 
     class Stream:
         handle = 140245000000512
@@ -214,7 +214,7 @@ def test_onnxruntime_gpu_provider_options_are_documented_ones():
 
 
 def test_without_cuda_python_or_gpu_the_error_says_what_to_do(monkeypatch):
-    from personaplex_edge.runtime import cuda_runtime
+    from personaplex_edge.runtime.backends import cuda_runtime
 
     ok, why = cuda_runtime.gpu_available()
     if ok:
@@ -251,7 +251,7 @@ def simulated(tiny_fp32, tmp_path, monkeypatch):
 def test_trt_backend_runs_the_lm_like_onnxruntime(simulated):
     """Greedy frames through TrtGraph (device buffers, one 2D copy per ring write, positions
     from the input) equal OrtGraph's on the CPU, past the ring's wrap (context 40)."""
-    from personaplex_edge.runtime.lm_probe import GreedyLM
+    from lm_probe import GreedyLM
 
     model, cuda = simulated
     manifest = load_model_dir(model)
@@ -267,8 +267,8 @@ def test_trt_backend_runs_the_codec_like_onnxruntime(simulated):
     """Mimi's graphs (ping-pong state, rings of 2 rows per call whose position is a state
     tensor mirrored to the host) through TrtGraph equal OrtGraph, past the ring's wrap; state()
     / set_state() / reset() round-trip through the device."""
-    from personaplex_edge.runtime.ort_graph import OrtGraph
-    from personaplex_edge.runtime.trt_backend import TrtGraph
+    from personaplex_edge.runtime.backends.ort import OrtGraph
+    from personaplex_edge.runtime.backends.trt import TrtGraph
 
     model, _ = simulated
     manifest = load_model_dir(model)
@@ -311,9 +311,9 @@ def test_captured_frame_replays_like_eager_runs(simulated):
     """helium + depformer linked on the device and captured as one graph (ring write queued
     after each replay) give the eager tokens; a stateful graph (the encoder) captures both
     ping-pong parities and alternates them."""
-    from personaplex_edge.runtime.cuda_graphs import CapturedSequence
-    from personaplex_edge.runtime.lm_probe import GreedyLM, linked_frame
-    from personaplex_edge.runtime.trt_backend import TrtGraph
+    from personaplex_edge.runtime.backends.cuda_graphs import CapturedSequence
+    from lm_probe import GreedyLM, linked_frame
+    from personaplex_edge.runtime.backends.trt import TrtGraph
     from personaplex_edge.streams import TokenRing
 
     model, cuda = simulated
@@ -353,7 +353,7 @@ def test_fp16_graphs_with_narrow_kv_rows_on_simulated_gpu(tiny_fp32, tmp_path, m
     import fake_gpu
 
     from personaplex_edge.export.precision import convert_model_dir
-    from personaplex_edge.runtime.lm_probe import GreedyLM
+    from lm_probe import GreedyLM
 
     model = tmp_path / "fp16"
     convert_model_dir(tiny_fp32, model, "fp16", backend="tensorrt", progress=lambda s: None)
@@ -377,7 +377,7 @@ def test_engine_build_on_simulated_tensorrt(simulated, tmp_path, monkeypatch):
 
     from personaplex_edge.export.tensorrt_build import build_engines, default_timing_cache
     from personaplex_edge.manifest import write_manifest
-    from personaplex_edge.runtime.lm_probe import GreedyLM
+    from lm_probe import GreedyLM
 
     model, cuda = simulated
     trt = sys.modules["tensorrt"]
@@ -501,7 +501,7 @@ def test_gpu_check_stages_on_simulated_gpu(simulated, tmp_path, monkeypatch):
 
 def test_engine_record_and_tampering_on_simulated_gpu(simulated):
     from personaplex_edge.manifest import MANIFEST
-    from personaplex_edge.runtime.trt_backend import TrtGraph
+    from personaplex_edge.runtime.backends.trt import TrtGraph
 
     model, _ = simulated
     entry = load_model_dir(model).graphs["depformer_step"]
@@ -549,7 +549,7 @@ def tiny_fp16_engines(tmp_path_factory):
 
 @needs_gpu
 def test_tensorrt_greedy_tokens_agree_with_onnxruntime_cpu(tiny_fp16_engines):
-    from personaplex_edge.runtime.lm_probe import GreedyLM, agreement
+    from lm_probe import GreedyLM, agreement
 
     model = tiny_fp16_engines / "fp16"
     user = np.random.default_rng(1).integers(0, 2048, (60, 8))
@@ -562,8 +562,8 @@ def test_tensorrt_greedy_tokens_agree_with_onnxruntime_cpu(tiny_fp16_engines):
 
 @needs_gpu
 def test_captured_frame_equals_eager(tiny_fp16_engines):
-    from personaplex_edge.runtime.cuda_graphs import CapturedSequence
-    from personaplex_edge.runtime.lm_probe import linked_frame
+    from personaplex_edge.runtime.backends.cuda_graphs import CapturedSequence
+    from lm_probe import linked_frame
 
     model = tiny_fp16_engines / "fp16"
     manifest = load_model_dir(model)
@@ -593,7 +593,7 @@ def test_engine_of_another_gpu_is_refused_at_load(tiny_fp16_engines, tmp_path):
     import shutil
 
     from personaplex_edge.manifest import MANIFEST
-    from personaplex_edge.runtime.trt_backend import TrtGraph
+    from personaplex_edge.runtime.backends.trt import TrtGraph
 
     model = tmp_path / "m"
     shutil.copytree(tiny_fp16_engines / "fp16", model)
@@ -609,7 +609,7 @@ def test_engine_of_another_gpu_is_refused_at_load(tiny_fp16_engines, tmp_path):
 @needs_gpu
 def test_state_ping_pong_and_reset_on_device(tiny_fp16_engines):
     """The codec's state round-trips through the device and reset restores the initial one."""
-    from personaplex_edge.runtime.trt_backend import TrtGraph
+    from personaplex_edge.runtime.backends.trt import TrtGraph
 
     model = tiny_fp16_engines / "fp16"
     manifest = load_model_dir(model)
@@ -639,9 +639,8 @@ def test_gpu_runtime_and_precision_modules_do_not_import_torch():
     import subprocess
     import sys
 
-    modules = ["personaplex_edge.runtime." + m for m in (
-        "trt_backend", "cuda_graphs", "ort_cuda", "device_rings", "cuda_runtime", "trt_engine",
-        "lm_probe")]
+    modules = ["personaplex_edge.runtime.backends." + m for m in (
+        "trt", "cuda_graphs", "ort_cuda", "device_rings", "cuda_runtime", "trt_engine")]
     modules += ["personaplex_edge.export." + m for m in ("precision", "weight_quant",
                                                          "frame_bytes", "tensorrt_build")]
     code = ("import sys\n" + "".join(f"import {m}\n" for m in modules)

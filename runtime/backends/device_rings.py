@@ -33,7 +33,7 @@ from personaplex_edge.manifest import RingSpec
 
 from .cuda_runtime import (DeviceBuffer, PinnedArray, Stream, copy_rows, copy_to_device,
                            copy_to_host, fill_zero)
-from .graph_io import host_dtype
+from .state import host_dtype
 
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 ALIGN = 256  # bytes: what TensorRT asks of a tensor address, and what cudaMalloc gives

@@ -20,7 +20,7 @@ import numpy as np
 from personaplex_edge.errors import ModelDirError
 from personaplex_edge.manifest import GraphEntry
 
-from .graph_io import check_state, copy_input
+from .state import check_state, copy_input
 
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64,
               "int32": np.int32, "bool": np.bool_}

@@ -18,8 +18,8 @@ import numpy as np
 
 from personaplex_edge.errors import AudioDeviceError
 
-from .metrics import FrameMetrics
-from .ring import SampleRing
+from ..metrics import FrameMetrics
+from .sample_ring import SampleRing
 
 FrameStep = Callable[[np.ndarray], np.ndarray]  # pcm [frame] f32 at 24 kHz -> pcm [frame]
 

@@ -31,7 +31,7 @@ from personaplex_edge.manifest import GraphEntry, Manifest
 from .cuda_runtime import (CudaError, DeviceBuffer, PinnedArray, Stream, call, copy_to_device,
                            copy_to_host, device_info, fill_zero)
 from .device_rings import ALIGN, DeviceRings, RingPositions, download_state, upload_state
-from .graph_io import check_state, copy_input, host_dtype
+from .state import check_state, copy_input, host_dtype
 from .trt_engine import check_compatible, check_engine_file, engine_spec
 
 # TensorRT DataType names -> manifest dtypes

@@ -19,7 +19,7 @@ row), ordered on the same stream, at the positions read before the launch - as `
 from __future__ import annotations
 
 from .cuda_runtime import CudaError, call, cudart
-from .trt_backend import TrtGraph
+from .trt import TrtGraph
 
 
 class CapturedSequence:

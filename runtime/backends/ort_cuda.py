@@ -24,7 +24,7 @@ from .cuda_runtime import (DeviceBuffer, PinnedArray, Stream, call, copy_to_devi
                            fill_zero)
 from .device_rings import (DeviceRings, RingPositions, bind_rings_to_ort, download_state,
                            upload_state)
-from .graph_io import check_state
+from .state import check_state
 
 
 def cuda_providers(stream: Stream, device_id: int = 0, tensorrt: bool = False,
@@ -58,7 +58,7 @@ class OrtCudaGraph:
                  trt_cache: str | Path | None = None):
         import onnxruntime as ort
 
-        from .ort_graph import session_options
+        from .ort import session_options
 
         self.entry = entry
         self.device = "cuda"

@@ -23,7 +23,7 @@ import numpy as np
 from personaplex_edge.manifest import Manifest, load_model_dir
 from personaplex_edge.streams import TokenRing
 
-from .backends import open_graph
+from personaplex_edge.runtime.backends import open_graph
 
 
 @dataclass
@@ -95,7 +95,7 @@ def linked_frame(model_dir: str | Path, manifest: Manifest):
     """(helium, depformer) as TrtGraphs on one stream, set for greedy decoding, the depformer
     reading helium's hidden state and text token on the device: a frame that
     cuda_graphs.CapturedSequence([helium, depformer]) can capture whole."""
-    from .trt_backend import TrtGraph
+    from personaplex_edge.runtime.backends.trt import TrtGraph
 
     helium = TrtGraph(model_dir, manifest, manifest.graphs["helium_step"])
     depformer = TrtGraph(model_dir, manifest, manifest.graphs["depformer_step"],

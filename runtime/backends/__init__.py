@@ -12,14 +12,14 @@ from pathlib import Path
 
 from personaplex_edge.manifest import GraphEntry, Manifest
 
-from .ort_graph import OrtGraph, choose_providers
+from .ort import OrtGraph, choose_providers
 
 
 def open_graph(model_dir: str | Path, manifest: Manifest, name: str, device: str = "auto",
                threads: int | None = None):
     entry: GraphEntry = manifest.graphs[name]
     if manifest.backend == "tensorrt":
-        from .trt_backend import TrtGraph  # only where TensorRT is installed
+        from .trt import TrtGraph  # only where TensorRT is installed
 
         return TrtGraph(model_dir, manifest, entry)
     providers = choose_providers(device)
