@@ -12,8 +12,9 @@ from typing import Callable
 import torch
 
 from personaplex_edge.errors import PersonaPlexError
+from personaplex_edge.atomic import staged_dir
 from personaplex_edge.manifest import (GraphEntry, Manifest, TensorSpec, load_model_dir,
-                                       sha256_file, staged_dir, write_manifest)
+                                       sha256_file, write_manifest)
 
 from .hub import CheckpointFiles
 from .mimi import Mimi, load_mimi

@@ -559,7 +559,8 @@ def convert_model_dir(src: str | Path, dst: str | Path, precision: str,
                       depformer_precision: str | None = None) -> Manifest:
     """A `precision` copy of the float32 model directory `src` in `dst` (written atomically;
     `src` is left as it is): the codec, tokenizer and voices copied, the LM graphs converted."""
-    from personaplex_edge.manifest import load_model_dir, staged_dir, write_manifest
+    from personaplex_edge.atomic import staged_dir
+    from personaplex_edge.manifest import load_model_dir, write_manifest
 
     src, dst = Path(src), Path(dst)
     manifest = dataclasses.replace(load_model_dir(src), backend=backend)

@@ -27,7 +27,7 @@ from typing import Callable
 
 from personaplex_edge.errors import PersonaPlexError
 from personaplex_edge.manifest import Manifest, load_model_dir, sha256_file, write_manifest
-from personaplex_edge.runtime.backends.trt_engine import EngineSpec
+from personaplex_edge.contract import EngineSpec
 
 Progress = Callable[[str], None]
 # fp8 tensor cores: Ada (8.9) and Hopper (9.0) and newer; Orin (8.7) has none

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import AudioError
-from .manifest import atomic_file
+from .atomic import atomic_file
 
 MODEL_RATE = 24000  # Hz; Mimi's rate
 

@@ -153,7 +153,7 @@ class _Conversation:
     def write_text(self, path: str | None) -> None:
         import json
 
-        from .manifest import write_text_atomic
+        from .atomic import write_text_atomic
 
         if path and self.records is not None:
             write_text_atomic(Path(path), json.dumps(self.records, ensure_ascii=False))
@@ -254,7 +254,7 @@ def cmd_bench(args) -> int:
     import numpy as np
 
     from .audio import read_audio
-    from .manifest import write_text_atomic
+    from .atomic import write_text_atomic
     from .runtime.metrics import format_summary
 
     session = _session(args)

@@ -15,16 +15,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-import shutil
-import tempfile
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from . import __version__
+from .atomic import write_text_atomic
 from .config import PersonaPlexConfig
+from .contract import (CODEC_GRAPHS, KV_INPUT_PREFIX, KV_OUTPUT_PREFIX, POSITION,
+                       state_input, state_output)
 from .errors import ConfigError, ModelDirError
 
 FORMAT = "personaplex-edge-model"
@@ -33,14 +32,10 @@ MANIFEST = "manifest.json"
 # Remembers which files were hashed at which size and mtime, so a 16 GB model is hashed once,
 # not at every start. Deleting it forces a full check.
 _VERIFIED_STAMP = ".verified.json"
-# always float32; in manifests written before graph entries had their own precision, the
-# other graphs (the LM's) were all in the manifest's precision
-CODEC_GRAPHS = ("mimi_encoder", "mimi_decoder")
 
 _CAPABILITIES = {"lm": "language model a conversation needs (export from a checkpoint with "
                        "model.safetensors, without --codec-only)",
                  "codec": "Mimi codec"}
-DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool")
 
 
 @dataclass(frozen=True)
@@ -68,11 +63,11 @@ class StateSpec:
 
     @property
     def input_name(self) -> str:
-        return f"past.{self.name}"
+        return state_input(self.name)
 
     @property
     def output_name(self) -> str:
-        return f"present.{self.name}"
+        return state_output(self.name)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
@@ -96,7 +91,7 @@ class RingSpec:
     shape: tuple[int, ...]
     dtype: str
     axis: int = 2
-    position: str = "position"
+    position: str = POSITION
     rows: int = 1  # rows per call
 
     @property
@@ -125,7 +120,7 @@ class RingSpec:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RingSpec":
         return cls(d["input"], d["output"], tuple(int(s) for s in d["shape"]), d["dtype"],
-                   int(d.get("axis", 2)), d.get("position", "position"), int(d.get("rows", 1)))
+                   int(d.get("axis", 2)), d.get("position", POSITION), int(d.get("rows", 1)))
 
 
 @dataclass
@@ -163,8 +158,9 @@ class GraphEntry:
                    [RingSpec.from_dict(r) for r in d.get("rings", [])], d.get("engine"),
                    d.get("precision", default_precision))
 
-    def split_rings(self, input_prefix: str = "past_key_values.", output_prefix: str = "present.",
-                    position: str = "position") -> "GraphEntry":
+    def split_rings(self, input_prefix: str = KV_INPUT_PREFIX,
+                    output_prefix: str = KV_OUTPUT_PREFIX,
+                    position: str = POSITION) -> "GraphEntry":
         """Moves KV ring inputs (`<input_prefix>X`) and their row outputs (`<output_prefix>X`)
         out of inputs/outputs into `rings`."""
         rings, inputs = [], []
@@ -309,63 +305,6 @@ def load_model_dir(model_dir: str | Path, need: str | None = None,
             files[g.engine["file"]] = g.engine["sha256"]
     _verify_files(model_dir, files, progress)
     return manifest
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def default_mode(directory: bool = False) -> int:
-    """The mode a plain open()/mkdir() would give (tempfile's are owner-only)."""
-    return (0o777 if directory else 0o666) & ~_umask()
-
-
-@contextmanager
-def atomic_file(path: str | Path, suffix: str = "") -> Iterator[Path]:
-    """Yields a temporary path beside `path`; write it, and on success it replaces `path` in
-    one rename (with the mode a plain open() would give). On any failure it is removed: a
-    reader never sees half a file and an error leaves no file behind."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        os.chmod(tmp, default_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    with atomic_file(path) as tmp:
-        tmp.write_text(text)
-
-
-@contextmanager
-def staged_dir(final: str | Path) -> Iterator[Path]:
-    """Yields an empty staging directory beside `final`; on success it replaces `final` in one
-    rename, on any failure (Ctrl-C included) it is removed. An interrupted export therefore never
-    leaves a directory that looks complete, nor damages the one it was replacing."""
-    final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.partial-"))
-    try:
-        yield stage
-        os.chmod(stage, default_mode(directory=True))
-        if final.exists():
-            old = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.old-"))
-            os.replace(final, old / final.name)
-            os.replace(stage, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(stage, final)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
 
 
 def write_manifest(model_dir: Path, manifest: Manifest) -> None:

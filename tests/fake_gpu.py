@@ -385,7 +385,7 @@ def install(monkeypatch, model_dir: Path) -> FakeCuda:
 
     from personaplex_edge.manifest import load_model_dir, sha256_file, write_manifest
     from personaplex_edge.runtime.backends import cuda_runtime
-    from personaplex_edge.runtime.backends.trt_engine import EngineSpec
+    from personaplex_edge.contract import EngineSpec
 
     cuda = FakeCuda()
     monkeypatch.setattr(cuda_runtime, "cudart", lambda: cuda)

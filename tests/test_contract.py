@@ -15,7 +15,8 @@ from personaplex_edge.errors import CheckpointError, ConfigError, ModelDirError,
 from personaplex_edge.export.hub import MIMI_FILE, resolve_checkpoint
 from personaplex_edge.export.mimi import load_mimi
 from personaplex_edge.export.model_export import export_model
-from personaplex_edge.manifest import MANIFEST, load_model_dir, staged_dir
+from personaplex_edge.atomic import staged_dir
+from personaplex_edge.manifest import MANIFEST, load_model_dir
 from personaplex_edge.runtime.codec import Codec
 
 

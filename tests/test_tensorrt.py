@@ -18,7 +18,8 @@ import pytest
 from personaplex_edge.config import preset
 from personaplex_edge.errors import ModelDirError
 from personaplex_edge.manifest import RingSpec, load_model_dir
-from personaplex_edge.runtime.backends.trt_engine import EngineSpec, check_compatible, engine_spec
+from personaplex_edge.contract import EngineSpec
+from personaplex_edge.runtime.backends.trt_engine import check_compatible, engine_spec
 
 
 def _gpu_reason() -> str | None:

@@ -9,35 +9,14 @@ other file's), and the runtime compares it with the machine before it deserialis
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
+from personaplex_edge.contract import EngineSpec
 from personaplex_edge.errors import ModelDirError
 from personaplex_edge.manifest import GraphEntry
 
 REBUILD = ("rebuild the engines on this machine: python -m personaplex_edge.export."
            "tensorrt_build --model {model_dir}")
-
-
-@dataclass(frozen=True)
-class EngineSpec:
-    file: str  # the serialized engine, relative to the model directory
-    sha256: str
-    tensorrt_version: str  # trt.__version__ of the builder, e.g. "10.8.0.43"
-    compute_capability: str  # "9.0" (H100/H200), "8.7" (Jetson Orin), "8.9" (RTX 4090)
-    device_name: str  # for the user's information only
-    precision: str  # the graph's precision when built
-    build_seconds: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "EngineSpec":
-        return cls(d["file"], d["sha256"], d["tensorrt_version"], d["compute_capability"],
-                   d.get("device_name", "?"), d.get("precision", "?"),
-                   float(d.get("build_seconds", 0.0)))
 
 
 def engine_spec(model_dir: str | Path, entry: GraphEntry) -> EngineSpec:
