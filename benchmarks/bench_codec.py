@@ -83,7 +83,7 @@ def main() -> None:
             codec.decode_frame(ref_codes[i][0, :, 0].numpy())
             enc.append(1000 * (t1 - t0))
             dec.append(1000 * (time.perf_counter() - t1))
-        same = all(np.array_equal(c[0], r[0, :, 0].numpy()) for c, r in zip(codes, ref_codes))
+        same = all(np.array_equal(c, r[0, :, 0].numpy()) for c, r in zip(codes, ref_codes))
 
     w = args.warmup
     result = {"frames": args.frames, "threads": args.threads, "codes_match_reference": same,

@@ -1,4 +1,4 @@
-"""A whole conversation frame, side by side: this project's runtime `Session.step` (the four ONNX
+"""A whole conversation frame, side by side: this project's runtime `Conversation.step` (the four ONNX
 graphs in onnxruntime, torch-free) vs moshi's own streaming pipeline (Mimi encode -> LMGen step ->
 Mimi decode, torch), on the same random weights and the same audio, greedy, on N threads.
 
@@ -95,7 +95,9 @@ def main() -> None:
     from moshi_pipeline import ReferencePipeline
     from moshi_reference import reference_mimi
 
-    from personaplex_edge.runtime.session import SamplingParams, Session
+    from personaplex_edge.runtime.model import Model
+    from personaplex_edge.runtime.persona import Persona
+    from personaplex_edge.runtime.sampling import SamplingParams
 
     torch.set_num_threads(args.threads)
     cfg = config(args.config)
@@ -108,8 +110,8 @@ def main() -> None:
     frame = cfg.mimi_config.samples_per_frame
     n = args.frames + args.warmup
     pcm = speech(n, frame)
-    session = Session.load(model_dir, SamplingParams(greedy=True), device="cpu",
-                           threads=args.threads)
+    session = Model.load(model_dir, device="cpu", threads=args.threads).open_conversation(
+        SamplingParams(greedy=True), Persona(enabled=False))
     ours_frame, ref_frame, same, emitted = [], [], 0, 0
     with ReferencePipeline(mimi, lm, timed=True) as ref:
         for i in range(n):

@@ -23,7 +23,7 @@ import numpy as np
 from personaplex_edge.manifest import Manifest, load_model_dir
 from personaplex_edge.streams import TokenRing
 
-from personaplex_edge.runtime.backends import open_graph
+from personaplex_edge.runtime.backends import load_graphs
 
 
 @dataclass
@@ -36,14 +36,14 @@ class GreedyRun:
 
 class GreedyLM:
     def __init__(self, model_dir: str | Path, manifest: Manifest | None = None,
-                 device: str = "cpu", threads: int | None = None,
+                 device: str = "auto", threads: int | None = None,
                  opener: Callable[[str], object] | None = None):
-        """`opener(graph name)` makes the graph objects (any with OrtGraph's surface); by
-        default the manifest's backend does (backends.open_graph)."""
+        """`opener(graph name)` makes the bound graph objects (backends.Graph); by default the
+        manifest's backend loads and binds them (backends.load_graphs)."""
         self.manifest = manifest or load_model_dir(model_dir, need="lm")
         self.cfg = self.manifest.config
-        opener = opener or (lambda name: open_graph(model_dir, self.manifest, name, device,
-                                                    threads))
+        opener = opener or (lambda name: load_graphs(model_dir, self.manifest, [name], device,
+                                                      threads)[name].bind())
         self.helium = opener("helium_step")
         self.depformer = opener("depformer_step")
         for graph in (self.helium, self.depformer):
@@ -93,18 +93,18 @@ def greedy_sampling(graph) -> None:
 
 def linked_frame(model_dir: str | Path, manifest: Manifest):
     """(helium, depformer) as TrtGraphs on one stream, set for greedy decoding, the depformer
-    reading helium's hidden state and text token on the device: a frame that
+    reading helium's hidden state and text token on the device (runtime/lm_frame's
+    DeviceLinkedLM, the product path, without its capture): a frame that
     cuda_graphs.CapturedSequence([helium, depformer]) can capture whole."""
-    from personaplex_edge.runtime.backends.trt import TrtGraph
+    from personaplex_edge.runtime.backends.trt import TrtEngine
+    from personaplex_edge.runtime.lm_frame import DeviceLinkedLM
 
-    helium = TrtGraph(model_dir, manifest, manifest.graphs["helium_step"])
-    depformer = TrtGraph(model_dir, manifest, manifest.graphs["depformer_step"],
-                         stream=helium.stream)
-    depformer.link_input("hidden", helium, "hidden")
-    depformer.link_input("text_token", helium, "text_token")
-    for graph in (helium, depformer):
+    lm = DeviceLinkedLM(TrtEngine(model_dir, manifest, manifest.graphs["helium_step"]),
+                        TrtEngine(model_dir, manifest, manifest.graphs["depformer_step"]),
+                        capture=False)
+    for graph in (lm.helium, lm.depformer):
         greedy_sampling(graph)
-    return helium, depformer
+    return lm.helium, lm.depformer
 
 
 def agreement(a: np.ndarray, b: np.ndarray) -> dict[str, float]:

@@ -30,13 +30,22 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _session(model_dir: Path, persona: bool):
-    from personaplex_edge.runtime.persona import Persona, start_session
-    from personaplex_edge.runtime.session import SamplingParams
+_MODELS: dict = {}
 
-    return start_session(model_dir, Persona(text_prompt="You are a patient listener.")
-                         if persona else Persona(enabled=False), SamplingParams(seed=0), device="cpu",
-                         progress=lambda s: None)
+
+def _session(model_dir: Path, persona: bool):
+    """A conversation on the model of `model_dir` (loaded once per process), prefilled."""
+    from personaplex_edge.runtime.model import Model
+    from personaplex_edge.runtime.persona import Persona
+    from personaplex_edge.runtime.sampling import SamplingParams
+
+    model = _MODELS.get(model_dir) or _MODELS.setdefault(model_dir,
+                                                          Model.load(model_dir, device="cpu"))
+    conv = model.open_conversation(SamplingParams(seed=0),
+                                   Persona(text_prompt="You are a patient listener.")
+                                   if persona else Persona(enabled=False))
+    conv.prefill()
+    return conv
 
 
 def soak(model_dir: Path, frames: int, window: int = 1000, warmup: int = 200) -> dict:
@@ -67,10 +76,11 @@ def soak(model_dir: Path, frames: int, window: int = 1000, warmup: int = 200) ->
     # alternately, so every pair sees the same machine, and the median of per-pair ratios is
     # the cost of age alone.
     young = _session(model_dir, persona=False)
-    warm = min(warmup, young.context // 10)
+    context = young.model.context
+    warm = min(warmup, context // 10)
     for i in range(warm):
         frame(young, i)
-    pairs = min(window, young.context - young.position - 1)
+    pairs = min(window, context - young.position - 1)
     ratios = np.empty(pairs)
     for i in range(pairs):
         if i % 2:
@@ -80,8 +90,8 @@ def soak(model_dir: Path, frames: int, window: int = 1000, warmup: int = 200) ->
             o = frame(session, i)
             y = frame(young, i)
         ratios[i] = o / y
-    assert young.position < young.context
-    return {"frames": frames, "context": session.context, "final_position": session.position,
+    assert young.position < context
+    return {"frames": frames, "context": session.model.context, "final_position": session.position,
             "seconds": seconds,
             "first_p50_ms": float(np.median(first)), "last_p50_ms": float(np.median(last)),
             "ramp": float(np.median(last) / np.median(first)),

@@ -18,6 +18,7 @@ import onnx
 from onnx import TensorProto
 
 from personaplex_edge.config import PersonaPlexConfig
+from personaplex_edge.contract import DEPFORMER_STEP, HELIUM_STEP, LM_GRAPHS
 from personaplex_edge.manifest import Manifest
 
 from .weight_quant import stored_bytes
@@ -61,7 +62,7 @@ def graph_bytes_per_frame(path: str | Path) -> int:
 
 
 def model_bytes_per_frame(model_dir: str | Path, manifest: Manifest,
-                          graphs: tuple[str, ...] = ("helium_step", "depformer_step"),
+                          graphs: tuple[str, ...] = LM_GRAPHS,
                           ) -> dict[str, int]:
     """{graph: weight bytes, "kv": ring bytes} for the LM graphs of a model directory."""
     out = {name: graph_bytes_per_frame(Path(model_dir) / manifest.graphs[name].file)
@@ -106,7 +107,7 @@ def linear_shapes(cfg: PersonaPlexConfig) -> dict[str, list[tuple[int, int]]]:
     for _ in range(d.num_active_codebooks):
         depformer += [(D, dim), (dim, d.card)]
         depformer += [(dim, 3 * dim), (dim, dim), (dim, 2 * di), (di, dim)] * d.num_hidden_layers
-    return {"helium_step": helium, "depformer_step": depformer}
+    return {HELIUM_STEP: helium, DEPFORMER_STEP: depformer}
 
 
 def _weight_bytes(shapes: list[tuple[int, int]], layout: Layout) -> int:
@@ -122,8 +123,8 @@ def estimate_bytes_per_frame(cfg: PersonaPlexConfig, layout: Layout,
     `depformer_layout` when it has its own; norm gains and table rows, a few hundred KB, are
     left out)."""
     shapes = linear_shapes(cfg)
-    weights = (_weight_bytes(shapes["helium_step"], layout)
-               + _weight_bytes(shapes["depformer_step"], depformer_layout or layout))
+    weights = (_weight_bytes(shapes[HELIUM_STEP], layout)
+               + _weight_bytes(shapes[DEPFORMER_STEP], depformer_layout or layout))
     h = cfg.temporal_config
     kv = 2 * h.num_hidden_layers * h.max_position_embeddings * h.hidden_size * layout.kv_bytes
     return {"weights": weights, "kv": kv, "total": weights + kv}

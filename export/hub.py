@@ -68,7 +68,7 @@ def check_checkpoint_files(ckpt: CheckpointFiles,
     shorter than its header declares (an interrupted download), any file whose size differs
     from what the hub reports (`expected_sizes`: file name -> bytes), an unreadable tokenizer.
     Reads headers only."""
-    from .frugal import SafetensorsHeader
+    from .safetensors_file import SafetensorsHeader
 
     sizes = expected_sizes or {}
     for path in (ckpt.mimi, ckpt.lm, ckpt.tokenizer, ckpt.voices):

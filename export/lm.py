@@ -33,7 +33,8 @@ from torch import nn
 
 from personaplex_edge.config import PersonaPlexConfig
 from personaplex_edge.manifest import GraphEntry, TensorSpec
-from personaplex_edge.streams import NUM_STREAMS, gumbel_noise
+from personaplex_edge.gumbel import gumbel_noise
+from personaplex_edge.streams import NUM_STREAMS
 
 from .checkpoint import TensorFile, check_tensors
 from .depformer import Depformer

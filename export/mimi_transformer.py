@@ -19,6 +19,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from personaplex_edge.config import PersonaPlexMimiConfig
+from personaplex_edge.contract import KV_KINDS, MIMI_RING_PREFIX, MIMI_ROWS_PREFIX, state_input
 from personaplex_edge.manifest import RingSpec, StateSpec
 
 from .streaming import State, Stateful
@@ -53,7 +54,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + torch.index_select(x, -1, _pair_swap(x.shape[-1])) * sin
 
 
-RING_PREFIX, ROWS_PREFIX = "ring.", "rows."  # graph names of a ring and of its new rows
 
 
 class WindowAttention(Stateful):
@@ -70,9 +70,9 @@ class WindowAttention(Stateful):
 
     def own_rings(self, batch: int, rows: int, position: str) -> list[RingSpec]:
         shape = (batch, self.num_heads, self.window, self.head_dim)
-        return [RingSpec(f"{RING_PREFIX}{self.state_key}.{kind}",
-                         f"{ROWS_PREFIX}{self.state_key}.{kind}", shape, "float32", 2, position,
-                         rows) for kind in ("key", "value")]
+        return [RingSpec(f"{MIMI_RING_PREFIX}{self.state_key}.{kind}",
+                         f"{MIMI_ROWS_PREFIX}{self.state_key}.{kind}", shape, "float32", 2,
+                         position, rows) for kind in KV_KINDS]
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 ring_visible: torch.Tensor, new_visible: torch.Tensor,
@@ -83,8 +83,8 @@ class WindowAttention(Stateful):
         q = apply_rope(qkv[0], cos, sin)
         k = apply_rope(qkv[1], cos, sin)
         v = qkv[2]
-        ring_k = state[f"{RING_PREFIX}{self.state_key}.key"]  # [B, H, W, Dh]
-        ring_v = state[f"{RING_PREFIX}{self.state_key}.value"]
+        ring_k = state[f"{MIMI_RING_PREFIX}{self.state_key}.key"]  # [B, H, W, Dh]
+        ring_v = state[f"{MIMI_RING_PREFIX}{self.state_key}.value"]
         scale = Dh ** -0.5
         scores = torch.cat([torch.matmul(q, ring_k.transpose(2, 3)),  # [B, H, T, W]
                             torch.matmul(q, k.transpose(2, 3))], dim=-1) * scale  # [B, H, T, W+T]
@@ -93,8 +93,8 @@ class WindowAttention(Stateful):
         out = (torch.matmul(probs[..., :self.window], ring_v)
                + torch.matmul(probs[..., self.window:], v))  # [B, H, T, Dh]
         out = self.out_proj(out.transpose(1, 2).reshape(B, T, D))
-        return out, {f"{ROWS_PREFIX}{self.state_key}.key": k,
-                     f"{ROWS_PREFIX}{self.state_key}.value": v}
+        return out, {f"{MIMI_ROWS_PREFIX}{self.state_key}.key": k,
+                     f"{MIMI_ROWS_PREFIX}{self.state_key}.value": v}
 
 
 class LayerScale(nn.Module):
@@ -140,7 +140,7 @@ class MimiTransformer(Stateful):
         return [StateSpec(f"{self.state_key}.offset", (batch,), "int64")]
 
     def rings(self, batch: int, rows: int) -> list[RingSpec]:
-        position = f"past.{self.state_key}.offset"  # the ring position is the step offset
+        position = state_input(f"{self.state_key}.offset")  # the ring position: the step offset
         return [spec for layer in self.layers
                 for spec in layer.self_attn.own_rings(batch, rows, position)]
 

@@ -1,30 +1,36 @@
 """Checkpoint -> model directory: build the torch modules, export each graph, check each graph in
-onnxruntime against its torch module, then write the manifest. The directory is staged and
-appears complete or not at all."""
+onnxruntime against its torch module, convert the LM's precision, then write the manifest. The
+directory is staged and appears complete or not at all.
+
+TensorRT engines are device-side work (they are built on the GPU that will run them, where
+there may be no torch): the export does not build them itself but calls the `engine_builder`
+its caller hands in (the CLI passes runtime/backends/trt_build.build_engines) on the staging
+directory, so export/ imports nothing of runtime/."""
 
 from __future__ import annotations
 
 import shutil
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
-from personaplex_edge.errors import PersonaPlexError
 from personaplex_edge.atomic import staged_dir
+from personaplex_edge.contract import (BACKENDS, CODES, MIMI_DECODER, MIMI_ENCODER,
+                                       MIMI_RING_PREFIX, MIMI_ROWS_PREFIX, PCM)
+from personaplex_edge.errors import PersonaPlexError
 from personaplex_edge.manifest import (GraphEntry, Manifest, TensorSpec, load_model_dir,
                                        sha256_file, write_manifest)
 
 from .hub import CheckpointFiles
 from .mimi import Mimi, load_mimi
-from .mimi_transformer import RING_PREFIX, ROWS_PREFIX
-from .streaming import rings_as_io
 from .onnx_export import export_step, verify_step
-from .precision import convert_precision, lm_plans
+from .precision import convert_precision
+from .precision_plan import check_plans
+from .streaming import rings_as_io
 
 Progress = Callable[[str], None]
-BACKENDS = ("onnx", "tensorrt")
 VERIFY = ("auto", "full", "reduced", "off")  # the LM graphs' check, see export_lm_graphs_frugal
 
 
@@ -35,10 +41,10 @@ def export_codec(mimi: Mimi, out: Path, batch: int, progress: Progress) -> dict[
     codes = torch.randint(0, cfg.card, (batch, cfg.num_codebooks), generator=gen)
     graphs = {}
     for name, step, spec, example, output, state, rings in (
-            ("mimi_encoder", mimi.encode_step, TensorSpec("pcm", tuple(pcm.shape), "float32"),
-             pcm, "codes", mimi.encoder_state(batch), mimi.encoder_rings(batch)),
-            ("mimi_decoder", mimi.decode_step, TensorSpec("codes", tuple(codes.shape), "int64"),
-             codes, "pcm", mimi.decoder_state(batch), mimi.decoder_rings(batch))):
+            (MIMI_ENCODER, mimi.encode_step, TensorSpec(PCM, tuple(pcm.shape), "float32"),
+             pcm, CODES, mimi.encoder_state(batch), mimi.encoder_rings(batch)),
+            (MIMI_DECODER, mimi.decode_step, TensorSpec(CODES, tuple(codes.shape), "int64"),
+             codes, PCM, mimi.decoder_state(batch), mimi.decoder_rings(batch))):
         t0 = time.perf_counter()
         fn = rings_as_io(step, rings)
         inputs = [(spec, example)] + [(TensorSpec(r.input_name, r.shape, r.dtype),
@@ -47,11 +53,19 @@ def export_codec(mimi: Mimi, out: Path, batch: int, progress: Progress) -> dict[
         path = out / f"{name}.onnx"
         entry = export_step(mimi, fn, inputs, outputs, state, path)
         verify_step(path, fn, {s.name: t.numpy() for s, t in inputs}, outputs, state, frames=3)
-        entry = entry.split_rings(RING_PREFIX, ROWS_PREFIX, position=rings[0].position)
+        entry = entry.split_rings(MIMI_RING_PREFIX, MIMI_ROWS_PREFIX, position=rings[0].position)
         progress(f"  {name}.onnx: {len(state)} state tensors, {len(rings)} KV rings, checked "
                  f"against torch ({time.perf_counter() - t0:.1f} s)")
         graphs[name] = entry
     return graphs
+
+
+class EngineBuilder(Protocol):
+    """Builds the TensorRT engines of a model directory in place and returns the manifest that
+    records them (runtime/backends/trt_build.build_engines)."""
+
+    def __call__(self, model_dir: Path, manifest: Manifest, *,
+                 progress: Progress) -> Manifest: ...
 
 
 def export_lm(ckpt: CheckpointFiles, out: Path, batch: int, progress: Progress,
@@ -129,28 +143,33 @@ def check_output_space(ckpt: CheckpointFiles, out_dir: str | Path, precision: st
 def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "fp32",
                  backend: str = "onnx", batch: int = 1,
                  progress: Progress = print, verify: str = "auto",
-                 kv_dtype: str | None = None, build_engines: bool = True,
+                 kv_dtype: str | None = None, engine_builder: EngineBuilder | None = None,
                  depformer_precision: str | None = None) -> Manifest:
     """Writes the model directory for `ckpt`: the codec always; the language model, its
     tokenizer and its voice bank when the checkpoint has them. `verify` chooses the LM graphs'
     check (export_lm_graphs_frugal: "auto", "full", "reduced", "off"); the codec is always
     checked in full. The LM graphs are exported in float32, checked, then converted to
     `precision` for `backend` (see export/precision.py; the depformer to `depformer_precision`
-    when given); for TensorRT the engines are built for this machine's GPU unless
-    `build_engines` is off. Every choice is checked before anything is written."""
+    when given). For TensorRT, `engine_builder` (when given) builds the engines in the staging
+    directory before the manifest is written; without one the graphs are written for a later
+    `personaplex-edge engines --model DIR` on the target. Every choice is checked before
+    anything is written: what a backend cannot run is refused, what TensorRT may not honour
+    (int8 / fp8 weight-only) is said first."""
     if backend not in BACKENDS:
         raise PersonaPlexError(f"unknown backend {backend}; choose one of {', '.join(BACKENDS)}")
     if verify not in VERIFY:
         raise PersonaPlexError(f"verify {verify!r} is not one of {', '.join(VERIFY)}")
-    # an impossible combination (fp8 for onnxruntime, a bad KV dtype) fails now, not after
-    # the float32 export it would otherwise follow
-    lm_plans(precision, backend, kv_dtype, None, depformer_precision)
+    # an impossible combination (fp8 or bf16 for onnxruntime, a bad KV dtype) fails now, not
+    # after the float32 export it would otherwise follow
+    _, warnings = check_plans(precision, backend, kv_dtype, depformer_precision)
+    engines = backend == "tensorrt" and engine_builder is not None
     cfg = ckpt.config
-    check_output_space(ckpt, out_dir, precision, depformer_precision,
-                       engines=backend == "tensorrt" and build_engines)
+    check_output_space(ckpt, out_dir, precision, depformer_precision, engines=engines)
+    for line in warnings if ckpt.lm is not None else []:
+        progress(line)
     progress(f"loading Mimi from {ckpt.mimi}")
     mimi = load_mimi(ckpt.mimi, cfg.mimi_config)
-    with staged_dir(out_dir) as stage:
+    with staged_dir(out_dir, progress=progress) as stage:  # says what a killed one left
         graphs = export_codec(mimi, stage, batch, progress)
         del mimi
         contents = ["codec"]
@@ -173,10 +192,11 @@ def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "f
         manifest = convert_precision(stage, manifest, precision, kv_dtype=kv_dtype,
                                      progress=progress,
                                      depformer_precision=depformer_precision)
-        if backend == "tensorrt" and build_engines:
-            from .tensorrt_build import build_engines as build
-
-            manifest = build(stage, manifest, progress=progress)
+        if engines:
+            manifest = engine_builder(stage, manifest, progress=progress)
+        elif backend == "tensorrt":
+            progress(f"  no TensorRT engines built: build them on the target GPU with "
+                     f"personaplex-edge engines --model {out_dir}")
         write_manifest(stage, manifest)
         # read back as the runtime will: every file against its hash (which also stamps them,
         # so the first conversation does not hash the whole model again)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from personaplex_edge.contract import STATE_INPUT_PREFIX
 from personaplex_edge.manifest import RingSpec, StateSpec
 
 State = dict[str, torch.Tensor]
@@ -137,7 +138,7 @@ def advance(state: State, new: State, rings: list[RingSpec]) -> None:
     """Applies one call's results to a torch-side stream, as the runtime does: state tensors
     are replaced, each ring gets its new rows at the position its `position` state held before
     the call."""
-    positions = {r.input_name: int(state[r.position.removeprefix("past.")].flatten()[0])
+    positions = {r.input_name: int(state[r.position.removeprefix(STATE_INPUT_PREFIX)].flatten()[0])
                  for r in rings}
     for r in rings:
         r.write(state[r.input_name], new[r.output_name], positions[r.input_name])

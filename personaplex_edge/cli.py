@@ -15,11 +15,11 @@ from pathlib import Path
 
 from . import __version__
 from .config import PRESETS
+from .contract import BACKENDS, PRECISIONS
 from .errors import ModelDirError, PersonaPlexError
 
 BUILTIN_DIR = Path("models")  # where built-in models are exported on first use (cwd-relative)
-# export.precision.PRECISIONS, spelled out: building the parser must not need the export extra
-PRECISION_CHOICES = ("fp32", "fp16", "bf16", "int8", "int4", "fp8")
+PRECISION_CHOICES = PRECISIONS  # from the contract: building the parser needs no export extra
 
 
 def _note(message: str) -> None:
@@ -34,7 +34,13 @@ def _need_export_extra():
     except ImportError as e:
         raise PersonaPlexError(
             f"exporting needs the export extra ({e.name} is missing): pip install "
-            "'personaplex-edge[export]' (install the torch build you want first)") from None
+            "'personaplex-edge[export,cpu]' (install the torch build you want first)") from None
+    try:
+        import onnxruntime  # noqa: F401  (each graph is checked in it against torch)
+    except ImportError:
+        raise PersonaPlexError(
+            "exporting checks each graph in onnxruntime, which is not installed: pip install "
+            "'personaplex-edge[cpu]' (or [gpu] on a CUDA machine; never both)") from None
     from . import export
 
     return export
@@ -72,13 +78,39 @@ def cmd_export(args) -> int:
     _need_export_extra()
     from .export.hub import resolve_checkpoint
     from .export.model_export import export_model
+    from .export.precision_plan import check_plans
 
+    # what cannot run is refused before a checkpoint is downloaded or anything written
+    check_plans(args.precision, args.backend, args.kv_dtype, args.depformer_precision)
+    builder = None
+    if args.backend == "tensorrt" and not args.no_engines:
+        from .runtime.backends import trt_build
+
+        # TensorRT, onnx and a GPU are checked now, not after an hour of export
+        gpu = trt_build.preflight([args.precision, args.depformer_precision or args.precision])
+        print(f"engines will be built for {gpu}")
+        builder = trt_build.build_engines
     t0 = time.perf_counter()
     ckpt = resolve_checkpoint(args.checkpoint, with_lm=not args.codec_only)
     export_model(ckpt, args.out, precision=args.precision, backend=args.backend,
-                 batch=args.batch, kv_dtype=args.kv_dtype, build_engines=not args.no_engines,
+                 batch=args.batch, kv_dtype=args.kv_dtype, engine_builder=builder,
                  verify=args.verify, depformer_precision=args.depformer_precision)
     print(f"done in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def cmd_engines(args) -> int:
+    """Builds (or rebuilds) the TensorRT engines of a model directory for this machine's GPU,
+    through a staging copy: a failure leaves the old engines and manifest as they were."""
+    from .runtime.backends.trt_build import rebuild_engines
+
+    t0 = time.perf_counter()
+    graphs = [g.strip() for g in args.graphs.split(",") if g.strip()] if args.graphs else None
+    manifest = rebuild_engines(args.model, graphs=graphs, timing_cache=args.timing_cache,
+                               workspace_bytes=int(args.workspace_gb * 2**30)
+                               if args.workspace_gb else None)
+    built = [n for n, g in manifest.graphs.items() if g.engine and (not graphs or n in graphs)]
+    print(f"{args.model}: engines for {', '.join(built)} in {time.perf_counter() - t0:.1f} s")
     return 0
 
 
@@ -111,52 +143,35 @@ def cmd_codec(args) -> int:
 
 
 def _sampling(args):
-    from .runtime.session import SamplingParams
+    from .runtime.sampling import SamplingParams
 
     return SamplingParams(temp=args.temp, temp_text=args.temp_text, top_k=args.top_k,
                           top_k_text=args.top_k_text, greedy=args.greedy, seed=args.seed)
 
 
-def _session(args, progress=print):
-    from .runtime.persona import Persona, start_session
+def _conversation(args, progress=print):
+    """The model of `args.model`, loaded, and one conversation on it, its persona prefilled."""
+    from .runtime.model import Model
+    from .runtime.persona import Persona
 
+    model = Model.load(resolve_model(args.model, progress), device=args.device,
+                       threads=args.threads, progress=progress)
     persona = Persona(text_prompt=args.text_prompt, voice=args.voice_prompt,
                       enabled=not args.no_persona)
-    return start_session(resolve_model(args.model, progress), persona, _sampling(args),
-                         args.device, args.threads, progress)
+    conv = model.open_conversation(_sampling(args), persona)
+    frames = conv.prefill()
+    if frames:
+        progress(f"persona: {frames} prompt frames in {conv.prefill_seconds:.2f} s")
+    return model, conv
 
 
-class _Conversation:
-    """The text side of a conversation: per-frame records for --text-out and the transcript,
-    from each step's token."""
-
-    def __init__(self, session, records: bool = False, echo: bool = False):
-        from .runtime.text import TextTokenizer
-
-        self.session = session
-        self.text = TextTokenizer(session.model_dir, session.manifest)
-        self.records: list[str] | None = [] if records else None  # not kept by a live session
-        self.transcript: list[str] = []
-        self.echo = echo  # print pieces as they come (live)
-
-    def step(self, frame):
-        audio, token = self.session.step(frame)
-        if self.records is not None:
-            self.records.append(self.text.record(token))
-        piece = self.text.piece(token) if token is not None else ""
-        if piece:
-            self.transcript.append(piece)
-            if self.echo:
-                print(piece, end="", flush=True)
+def _talk(conv, transcript):
+    """A duplex-loop step: one frame through the conversation, its text into the transcript."""
+    def step(frame):
+        audio, token = conv.step(frame)
+        transcript.add(token)
         return audio
-
-    def write_text(self, path: str | None) -> None:
-        import json
-
-        from .atomic import write_text_atomic
-
-        if path and self.records is not None:
-            write_text_atomic(Path(path), json.dumps(self.records, ensure_ascii=False))
+    return step
 
 
 class _LiveStatus:
@@ -173,7 +188,8 @@ class _LiveStatus:
         t = s.timing.summary(last=100)
         frame_ms = t.get("frame", {"p50": 0.0, "p99": 0.0})
         line = (f"frames {s.frames}  frame {frame_ms['p50']:.1f}/{frame_ms['p99']:.1f} ms "
-                f"(p50/p99)  dropped {s.dropped_frames}  underruns {s.underruns}")
+                f"(p50/p99)  dropped {s.dropped_frames}  underruns {s.underruns}"
+                + s.status())
         live = sys.stderr.isatty()
         print(("\r" + line + "   ") if live else line, end="" if live else "\n",
               file=sys.stderr, flush=True)
@@ -188,7 +204,7 @@ class _LiveStatus:
                   flush=True)
 
 
-def _live_summary(loop, session) -> None:
+def _live_summary(loop, conv) -> None:
     from .runtime.metrics import format_summary
 
     s = loop.stats
@@ -196,7 +212,9 @@ def _live_summary(loop, session) -> None:
     print(f"{'stopped' if s.interrupted else 'done'}: {s.frames} frames, {s.dropped_frames} "
           f"dropped, {s.underruns} underruns, {s.input_overflows} input overflows",
           file=sys.stderr)
-    print(format_summary(session.metrics.summary()), file=sys.stderr)
+    for line in s.report():  # echo cancelled, answer lost to clock drift
+        print(line, file=sys.stderr)
+    print(format_summary(conv.metrics.summary()), file=sys.stderr)
 
 
 def cmd_run(args) -> int:
@@ -206,44 +224,49 @@ def cmd_run(args) -> int:
 
     from .audio import read_audio, write_audio
     from .runtime.metrics import format_summary
+    from .runtime.text import Transcript
 
     pcm = read_audio(args.input)  # before the model loads: a bad file fails fast
-    session = _session(args)
-    talk = _Conversation(session, records=bool(args.text_out))
+    model, conv = _conversation(args)
+    transcript = Transcript(model.text, records=bool(args.text_out))
+    step = _talk(conv, transcript)
+    frame = model.frame_size
     if args.realtime:
         from .runtime.audio_io.paced_file import run_paced
 
-        out, loop = run_paced(talk.step, pcm, frame_size=session.frame_size,
+        out, loop = run_paced(step, pcm, frame_size=frame,
                               max_backlog_frames=args.max_backlog_frames, on_tick=_LiveStatus())
     else:
-        frame = session.frame_size
         frames = -(-pcm.shape[0] // frame)
         padded = np.zeros(frames * frame, np.float32)
         padded[:pcm.shape[0]] = pcm
         out = np.empty_like(padded)
         for i in range(frames):
-            out[i * frame:(i + 1) * frame] = talk.step(padded[i * frame:(i + 1) * frame])
+            out[i * frame:(i + 1) * frame] = step(padded[i * frame:(i + 1) * frame])
     write_audio(args.output, out[:pcm.shape[0]])
-    talk.write_text(args.text_out)
+    if args.text_out:
+        transcript.write_records(args.text_out)
     if args.realtime:
-        _live_summary(loop, session)  # first: it ends the status line the transcript would join
-    print("".join(talk.transcript).strip() or "(no text)")
+        _live_summary(loop, conv)  # first: it ends the status line the transcript would join
+    print(transcript.text or "(no text)")
     if not args.realtime:
-        print(format_summary(session.metrics.summary()))
+        print(format_summary(conv.metrics.summary()))
     return 0
 
 
 def cmd_mic(args) -> int:
     """Full duplex on the sound devices until Ctrl-C (or --duration seconds)."""
     from .runtime.audio_io.devices import run_on_devices
+    from .runtime.text import Transcript
 
-    session = _session(args, progress=_note)
-    talk = _Conversation(session, echo=True)
+    model, conv = _conversation(args, progress=_note)
+    transcript = Transcript(model.text, on_piece=lambda piece: print(piece, end="", flush=True))
     print("listening; Ctrl-C to stop", file=sys.stderr)
-    loop = run_on_devices(talk.step, args.input_device, args.output_device,
+    loop = run_on_devices(_talk(conv, transcript), args.input_device, args.output_device,
                           duration=args.duration, on_tick=_LiveStatus(),
-                          max_backlog_frames=args.max_backlog_frames)
-    _live_summary(loop, session)
+                          max_backlog_frames=args.max_backlog_frames,
+                          aec=args.aec == "on", step_metrics=conv.metrics, progress=_note)
+    _live_summary(loop, conv)
     return 0
 
 
@@ -253,25 +276,39 @@ def cmd_bench(args) -> int:
 
     import numpy as np
 
-    from .audio import read_audio
     from .atomic import write_text_atomic
+    from .audio import read_audio
     from .runtime.metrics import format_summary
 
-    session = _session(args)
+    model, conv = _conversation(args)
     speech = read_audio(Path(__file__).parent / "data" / "hello.wav")
-    frame = session.frame_size
+    frame = model.frame_size
     loops = -(-(args.frames + args.warmup) * frame // speech.shape[0])
     pcm = np.tile(speech, loops)
+    from .runtime.audio_io.echo import TimedStage
+
+    # the echo canceller on the bench's frames: the input as the microphone, the answer as
+    # what the speaker played (its "aec" stage; absent without libspeexdsp)
+    aec = TimedStage(conv.metrics, model.sample_rate, frame, warn=_note)
     for i in range(args.frames + args.warmup):
-        session.step(pcm[i * frame:(i + 1) * frame])
-    summary = session.metrics.summary(last=args.frames)
-    summary["model"] = str(session.model_dir)
-    summary["position"] = session.position
-    print(f"{session.model_dir}: {args.frames} frames after {args.warmup} warm-up, "
-          f"position {session.position} (context {session.context})")
+        audio, _ = conv.step(aec(pcm[i * frame:(i + 1) * frame]))
+        aec.played(audio)
+    summary = conv.metrics.summary(last=args.frames)
+    summary["model"] = str(model.model_dir)
+    summary["position"] = conv.position
+    print(f"{model.model_dir}: {args.frames} frames after {args.warmup} warm-up, "
+          f"position {conv.position} (context {model.context})")
     print(format_summary(summary))
     if args.json:
         write_text_atomic(Path(args.json), json.dumps(summary, indent=2))
+    return 0
+
+
+def cmd_aec(args) -> int:
+    """The --mic echo canceller over two recordings (runtime/audio_io/echo.py)."""
+    from .runtime.audio_io.echo import cancel_file
+
+    print(cancel_file(args.mic, args.ref, args.output, args.delay_ms))
     return 0
 
 
@@ -289,7 +326,7 @@ def _add_runtime_args(p: argparse.ArgumentParser) -> None:
                    help="onnxruntime threads (default: PERSONAPLEX_THREADS, else all cores)")
 
 
-def _add_session_args(p: argparse.ArgumentParser, model_default: str | None = None) -> None:
+def _add_conversation_args(p: argparse.ArgumentParser, model_default: str | None = None) -> None:
     from .runtime.persona import DEFAULT_TEXT_PROMPT
 
     p.add_argument("--model", default=model_default, required=model_default is None,
@@ -330,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the depformer's own precision (default: --precision). It is ~9%% of "
                         "the 7B's weights and makes the audio tokens: e.g. --precision "
                         "int4 --depformer-precision int8")
-    e.add_argument("--backend", default="onnx", choices=["onnx", "tensorrt"],
+    e.add_argument("--backend", default="onnx", choices=BACKENDS,
                    help="tensorrt also builds engines for this machine's GPU")
     e.add_argument("--kv-dtype", choices=["float32", "float16", "bfloat16"],
                    help="KV ring dtype (default: float16 for GPU precisions, float32 on the CPU)")
@@ -340,11 +377,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "width + a spot check of every written weight), auto (full if it fits)")
     e.add_argument("--no-engines", action="store_true",
                    help="with --backend tensorrt: write the graphs only; build the engines later "
-                        "on the target with python -m personaplex_edge.export.tensorrt_build")
+                        "on the target with personaplex-edge engines --model DIR")
     e.add_argument("--batch", type=int, default=1, help="streams per graph call (default 1)")
     e.add_argument("--codec-only", action="store_true",
                    help="export only the Mimi codec (no model.safetensors needed)")
     e.set_defaults(func=cmd_export)
+
+    g = sub.add_parser("engines", help="build (or rebuild) the TensorRT engines of a model "
+                                       "directory for this machine's GPU")
+    g.add_argument("--model", required=True, help="a model directory exported with "
+                                                  "--backend tensorrt")
+    g.add_argument("--graphs", help="comma-separated graph names (default: all)")
+    g.add_argument("--timing-cache", type=Path, help="TensorRT timing cache file (default: "
+                   "~/.cache/personaplex-edge/tensorrt/, one per GPU type and TensorRT version)")
+    g.add_argument("--workspace-gb", type=float, help="TensorRT's workspace limit")
+    g.set_defaults(func=cmd_engines)
 
     c = sub.add_parser("codec", help="encode a file to Mimi codes and decode it back")
     c.add_argument("--model", required=True,
@@ -356,7 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_codec)
 
     r = sub.add_parser("run", help="offline conversation: a wav in, the answer out")
-    _add_session_args(r)
+    _add_conversation_args(r)
     r.add_argument("--input", required=True, help="what the user says (audio file)")
     r.add_argument("--output", required=True, help="the model's answer (24 kHz wav, same length)")
     r.add_argument("--text-out", help="per-frame text as JSON (piece, \"PAD\" or \"EPAD\")")
@@ -368,15 +415,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("mic", help="talk with the model through the microphone and speaker "
                                    "(also: personaplex-edge --mic)")
-    _add_session_args(m, model_default="models/personaplex-7b-v1")
+    _add_conversation_args(m, model_default="models/personaplex-7b-v1")
     m.add_argument("--input-device", help="index or part of the name (see 'devices')")
     m.add_argument("--output-device", help="index or part of the name (see 'devices')")
     m.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     _add_backlog_arg(m)
+    m.add_argument("--aec", choices=["on", "off"], default="on",
+                   help="cancel the speaker's echo from the microphone (on, for open speakers; "
+                        "off for a headset)")
     m.set_defaults(func=cmd_mic)
 
+    a = sub.add_parser("aec", help="the live echo canceller, offline: a microphone recording "
+                                   "minus the echo of what was played")
+    a.add_argument("--mic", required=True, help="what the microphone heard (any rate)")
+    a.add_argument("--ref", required=True, help="what the speaker played, starting together "
+                                                "with --mic (any rate)")
+    a.add_argument("--output", required=True, help="the cleaned microphone (the mic's rate "
+                                                   "and length)")
+    a.add_argument("--delay-ms", type=float, default=None,
+                   help="the echo's delay, if known (default: measured from the recordings)")
+    a.set_defaults(func=cmd_aec)
+
     b = sub.add_parser("bench", help="per-stage timings: p50/p90/p99/max, over-budget frames")
-    _add_session_args(b)
+    _add_conversation_args(b)
     b.add_argument("--frames", type=int, default=200)
     b.add_argument("--warmup", type=int, default=10)
     b.add_argument("--json", help="write the summary here too")
@@ -389,7 +450,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--mic" in argv:  # the reference's habit: `--mic` instead of a subcommand
+    # the reference's habit: `--mic` instead of a subcommand (`aec --mic FILE` is an option)
+    if "--mic" in argv and argv[0] != "aec":
         argv.remove("--mic")
         argv.insert(0, "mic")
     args = build_parser().parse_args(argv)

@@ -109,9 +109,16 @@ class TokenRing:
             s = USER_FIRST + k
             self.tokens[:, s, (self.offset + self.delays[s]) % self.slots] = codes[:, k]
 
-    def step_input(self) -> np.ndarray:
-        """[B, 17] int64: the column the temporal step at `position` reads."""
-        column = self.tokens[:, :, self.offset % self.slots].copy()  # [B, 17]
+    def step_input(self, out: np.ndarray | None = None) -> np.ndarray:
+        """[B, 17] int64: the column the temporal step at `position` reads (written into `out`,
+        e.g. a row of the graph's bound input, when given)."""
+        column = self.tokens[:, :, self.offset % self.slots]  # [B, 17]
+        if out is None:
+            out = column.copy()
+        else:
+            out = out.reshape(column.shape)
+            np.copyto(out, column)
+        column = out
         not_started = self.offset <= self.delays  # [17]
         column[:, not_started] = self.initial[not_started]
         if (column == UNGENERATED_TOKEN).any():
@@ -136,15 +143,3 @@ class TokenRing:
         gen = self.delays[GENERATED_STREAMS]  # [9]
         cols = (self.offset - MAX_DELAY + gen) % self.slots  # [9]
         return self.tokens[:, np.arange(USER_FIRST), cols].copy()
-
-
-# ---- sampling noise -----------------------------------------------------------------------------
-
-def gumbel_noise(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-    """Standard Gumbel samples (float32) for the graphs' in-graph Gumbel-max sampling:
-    -log(-log(u)) with u uniform in the open interval (0, 1). Zeros instead give greedy decoding.
-    """
-    u = rng.random(shape, dtype=np.float64)
-    # keep u away from 0 and 1 so neither log sees 0 (both ends would give +-inf)
-    u = np.clip(u, np.finfo(np.float64).tiny, 1.0 - np.finfo(np.float64).epsneg)
-    return (-np.log(-np.log(u))).astype(np.float32)

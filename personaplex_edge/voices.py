@@ -67,7 +67,8 @@ def available_voices(model_dir: str | Path, manifest: Manifest) -> list[str]:
         return _names(archive)
 
 
-def _resolve(name: str, names: list[str], model_dir) -> str:
+def resolve_voice(name: str, names: list[str], model_dir) -> str:
+    """The bank name `name` means (".pt" and case aside), or a VoiceError listing the known ones."""
     wanted = Path(name).name
     if wanted.lower().endswith(".pt"):
         wanted = wanted[:-3]
@@ -84,7 +85,7 @@ def load_voice(model_dir: str | Path, manifest: Manifest, name: str) -> VoicePro
     """One voice of the bank by name; an unknown name is a VoiceError listing the known ones."""
     path = _bank(model_dir, manifest)
     with np.load(path) as archive:
-        voice = _resolve(name, _names(archive), model_dir)
+        voice = resolve_voice(name, _names(archive), model_dir)
         if f"{voice}.{EMBEDDINGS_BF16}" in archive.files:
             embeddings = bf16_bits_to_float32(archive[f"{voice}.{EMBEDDINGS_BF16}"])
         else:

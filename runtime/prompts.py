@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from personaplex_edge.streams import (AGENT_FIRST, DELAYS, NUM_STREAMS, SINE_TOKENS,
-                                      TEXT_STREAM, USER_FIRST, ZERO_TOKEN)
+from personaplex_edge.streams import (AGENT_FIRST, DELAYS, NUM_STREAMS, SILENCE_TOKENS,
+                                      SINE_TOKENS, TEXT_PAD, TEXT_STREAM, USER_FIRST, ZERO_TOKEN)
 
 SILENCE_FRAMES = 6  # 0.5 s at 12.5 Hz, before and after the text prompt
 SYSTEM_TAG = "<system>"
@@ -33,6 +33,17 @@ def wrap_text_prompt(prompt: str) -> str:
     if cleaned.startswith(SYSTEM_TAG) and cleaned.endswith(SYSTEM_TAG):
         return cleaned
     return f"{SYSTEM_TAG} {cleaned} {SYSTEM_TAG}"
+
+
+def prompt_frames(text_tokens: list[int], voice_codes: np.ndarray | None = None
+                  ) -> list[np.ndarray]:
+    """The forced frames of a persona, in the reference's order: the voice's agent codes
+    ([V, 8], a recorded voice; a bank voice is stored embeddings instead, see build_prefill),
+    silence, one frame per text prompt token (already wrapped and encoded), silence."""
+    frames = [forced_frame(TEXT_PAD, codes) for codes in
+              (voice_codes if voice_codes is not None else [])]
+    silence = [forced_frame(TEXT_PAD, SILENCE_TOKENS)] * SILENCE_FRAMES
+    return frames + silence + [forced_frame(t, SILENCE_TOKENS) for t in text_tokens] + silence
 
 
 def forced_frame(text: int, agent, user=SINE_TOKENS) -> np.ndarray:

@@ -1,9 +1,13 @@
-"""Text tokens <-> SentencePiece pieces, as the reference shows and records them."""
+"""The text side of a conversation: tokens <-> SentencePiece pieces as the reference shows and
+records them, and the transcript every front end (`run`, `--mic`, `serve`) keeps the same way."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Callable
 
+from personaplex_edge.atomic import write_text_atomic
 from personaplex_edge.errors import ModelDirError
 from personaplex_edge.manifest import Manifest
 from personaplex_edge.streams import TEXT_EPAD, TEXT_PAD
@@ -25,9 +29,10 @@ class TextTokenizer:
         """Plain pieces: no BOS/EOS, as the reference encodes its text prompts."""
         return list(self.sp.encode(text))
 
-    def piece(self, token: int) -> str:
-        """The text a token adds to the transcript ('' for padding and ids the tokenizer lacks)."""
-        if token in (TEXT_PAD, TEXT_EPAD) or not 0 <= token < self.size:
+    def piece(self, token: int | None) -> str:
+        """The text a token adds to the transcript ('' for padding, None and ids the tokenizer
+        lacks); SentencePiece's word marker becomes a space, as the protocol sends it."""
+        if token is None or token in (TEXT_PAD, TEXT_EPAD) or not 0 <= token < self.size:
             return ""
         return self.sp.id_to_piece(token).replace(_WORD_START, " ")
 
@@ -37,6 +42,37 @@ class TextTokenizer:
             return "PAD"
         if token == TEXT_EPAD:
             return "EPAD"
-        if not 0 <= token < self.size:
-            return ""
-        return self.sp.id_to_piece(token).replace(_WORD_START, " ")
+        return self.piece(token)
+
+
+class Transcript:
+    """What the model said: the pieces in order, optionally the per-frame records of the
+    reference's offline tool (one entry per frame, PAD and EPAD included), and a callback per
+    new piece (a live front end prints or sends it)."""
+
+    def __init__(self, tokenizer: TextTokenizer, records: bool = False,
+                 on_piece: Callable[[str], None] | None = None):
+        self.tokenizer = tokenizer
+        self.pieces: list[str] = []
+        self.records: list[str] | None = [] if records else None
+        self.on_piece = on_piece
+
+    def add(self, token: int | None) -> str:
+        """One frame's text token (None before the first complete frame) -> its piece."""
+        if self.records is not None:
+            self.records.append(self.tokenizer.record(token))
+        piece = self.tokenizer.piece(token)
+        if piece:
+            self.pieces.append(piece)
+            if self.on_piece is not None:
+                self.on_piece(piece)
+        return piece
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces).strip()
+
+    def write_records(self, path: str | Path) -> None:
+        if self.records is None:
+            raise ValueError("this transcript keeps no per-frame records")
+        write_text_atomic(Path(path), json.dumps(self.records, ensure_ascii=False))

@@ -127,7 +127,7 @@ def convert(fp32: Path, work: Path, precision: str, backend: str) -> Path:
 
 
 def engines(model_dir: Path, graphs: list[str]) -> str:
-    from personaplex_edge.export.tensorrt_build import build_engines
+    from personaplex_edge.runtime.backends.trt_build import build_engines
     from personaplex_edge.manifest import load_model_dir, write_manifest
 
     manifest = build_engines(model_dir, load_model_dir(model_dir), graphs=graphs,
@@ -153,11 +153,11 @@ def open_lm(model_dir: Path, backend: str):
         return GreedyLM(model_dir, dataclasses.replace(manifest, backend="onnx"), device="cpu")
     if backend == "ort-cuda":
         from personaplex_edge.runtime.backends.cuda_runtime import Stream
-        from personaplex_edge.runtime.backends.ort_cuda import OrtCudaGraph
+        from personaplex_edge.runtime.backends.ort_cuda import OrtCudaModelGraph
 
         stream = Stream()
-        return GreedyLM(model_dir, manifest, opener=lambda name: OrtCudaGraph(
-            model_dir, manifest.graphs[name], stream=stream))
+        return GreedyLM(model_dir, manifest, opener=lambda name: OrtCudaModelGraph(
+            model_dir, manifest.graphs[name], stream=stream).bind())
     if backend == "trt":
         return GreedyLM(model_dir, dataclasses.replace(manifest, backend="tensorrt"))
     raise ValueError(backend)
@@ -229,17 +229,17 @@ def time_codec(label: str, model_dir: Path, backend: str, frames: int = 60) -> s
     graphs = {}
     for name in ("mimi_encoder", "mimi_decoder"):
         if backend == "ort-cpu":
-            from personaplex_edge.runtime.backends.ort import OrtGraph
+            from personaplex_edge.runtime.backends.ort import OrtModelGraph
 
-            graphs[name] = OrtGraph(model_dir, manifest.graphs[name])
+            graphs[name] = OrtModelGraph(model_dir, manifest.graphs[name]).bind()
         elif backend == "ort-cuda":
-            from personaplex_edge.runtime.backends.ort_cuda import OrtCudaGraph
+            from personaplex_edge.runtime.backends.ort_cuda import OrtCudaModelGraph
 
-            graphs[name] = OrtCudaGraph(model_dir, manifest.graphs[name])
+            graphs[name] = OrtCudaModelGraph(model_dir, manifest.graphs[name]).bind()
         else:
-            from personaplex_edge.runtime.backends.trt import TrtGraph
+            from personaplex_edge.runtime.backends.trt import TrtEngine
 
-            graphs[name] = TrtGraph(model_dir, manifest, manifest.graphs[name])
+            graphs[name] = TrtEngine(model_dir, manifest, manifest.graphs[name]).bind()
     enc, dec = graphs["mimi_encoder"], graphs["mimi_decoder"]
     rng = np.random.default_rng(0)
     e_ms, d_ms, codes = [], [], []

@@ -6,9 +6,10 @@ cd "$(dirname "$0")/.."
 
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     # libsndfile for soundfile (its wheel bundles one; this covers platforms without a wheel);
-    # PortAudio for sounddevice; PulseAudio (a null sink and its monitor) for the live-audio test
+    # PortAudio for sounddevice; speexdsp for the echo canceller (loaded through ctypes);
+    # PulseAudio (a null sink and its monitor) for the live-audio test
     missing=""
-    for pkg in libsndfile1 libportaudio2 pulseaudio pulseaudio-utils libasound2-plugins; do
+    for pkg in libsndfile1 libportaudio2 libspeexdsp1 pulseaudio pulseaudio-utils libasound2-plugins; do
         dpkg -s "$pkg" >/dev/null 2>&1 || missing="$missing $pkg"
     done
     if [ -n "$missing" ]; then
@@ -21,9 +22,32 @@ PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
-# The CPU build of torch; a plain `torch` requirement would pull a multi-GB CUDA build.
-python -m pip install -q "torch==2.13.0"
-python -m pip install -q -e ".[export,dev,audio]"
+# The CPU build of torch: a plain `torch` from PyPI is a multi-GB CUDA build on Linux x86_64.
+# PyTorch's CPU wheel index comes first where it can be reached; it is probed with a short
+# timeout and skipped where it cannot (a machine that reaches only PyPI, or a mirror of it,
+# finds the CPU wheel there), so no install waits on an unreachable index.
+TORCH="torch==2.13.0"
+CPU_INDEX=${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
+if python - "$CPU_INDEX" <<'PY'
+import sys
+import urllib.request
+
+try:
+    urllib.request.urlopen(sys.argv[1] + "/torch/", timeout=5).close()
+except Exception:
+    sys.exit(1)
+PY
+then
+    echo "torch: the CPU build from $CPU_INDEX"
+    python -m pip install -q --index-url "$CPU_INDEX" --extra-index-url https://pypi.org/simple \
+        --timeout 60 "$TORCH"
+else
+    echo "torch: $CPU_INDEX cannot be reached; installing $TORCH from the configured index"
+    python -m pip install -q "$TORCH"
+fi
+# The runtime with onnxruntime for the CPU (the `cpu` extra: never beside onnxruntime-gpu),
+# the export, the tests and the sound devices.
+python -m pip install -q -e ".[cpu,export,dev,audio]"
 # The test reference. It pins torch<2.10, so it goes in without its dependencies (the light
 # ones are in the dev extra).
 python -m pip install -q --no-deps "moshi==0.2.13"

@@ -58,7 +58,8 @@ class FakeCuda:
 
     cudaStreamNonBlocking = 1
 
-    def __init__(self):
+    def __init__(self, name: str = "Simulated GPU", memory: int = 80 << 30):
+        self.name, self.memory = name, memory
         self.cudaError_t = types.SimpleNamespace(cudaSuccess=0, cudaErrorInsufficientDriver=35,
                                                  cudaErrorNoDevice=100)
         self.cudaMemcpyKind = types.SimpleNamespace(
@@ -90,8 +91,8 @@ class FakeCuda:
         return 0, 1
 
     def cudaGetDeviceProperties(self, index):
-        return 0, types.SimpleNamespace(name=b"Simulated GPU", major=9, minor=0,
-                                        totalGlobalMem=80 << 30)
+        return 0, types.SimpleNamespace(name=self.name.encode(), major=9, minor=0,
+                                        totalGlobalMem=self.memory)
 
     def cudaDriverGetVersion(self):
         return 0, 12040
@@ -308,7 +309,10 @@ class _Network:
 
 def _builder_api(trt, cuda: FakeCuda) -> None:
     """TensorRT's build API on `trt`: a network is strongly typed or not, the builder config
-    has TensorRT's flags and pools, and the plan is the parsed graph's path."""
+    has TensorRT's flags and pools, and the plan is the parsed graph's file name (the engine
+    sits beside its graph), then a newline and `trt.plan_padding(graph name)` zero bytes - a
+    test sets that to give engines the size of kept or folded weights. A graph whose file name
+    is in `trt.fail_builds` fails to build (the plan is None, as TensorRT returns)."""
     trt.NetworkDefinitionCreationFlag = types.SimpleNamespace(
         EXPLICIT_BATCH=_IntEnum("EXPLICIT_BATCH", 0), STRONGLY_TYPED=_IntEnum("STRONGLY_TYPED", 1))
     trt.BuilderFlag = types.SimpleNamespace(**{n: _IntEnum(n, i) for i, n in enumerate(
@@ -316,6 +320,8 @@ def _builder_api(trt, cuda: FakeCuda) -> None:
     trt.MemoryPoolType = types.SimpleNamespace(WORKSPACE=_IntEnum("WORKSPACE", 0))
     device = cuda.cudaGetDeviceProperties(0)[1].name.decode()
     trt.builds = []  # (network, config) of each build, for the tests to inspect
+    trt.fail_builds = set()
+    trt.plan_padding = lambda graph: 0
 
     class Builder:
         def __init__(self, logger):
@@ -333,7 +339,10 @@ def _builder_api(trt, cuda: FakeCuda) -> None:
             trt.builds.append((network, config))
             if network.onnx_path is None:
                 return None
-            return memoryview(network.onnx_path.encode())
+            graph = Path(network.onnx_path).name
+            if graph in trt.fail_builds:
+                return None
+            return memoryview(graph.encode() + b"\n" + bytes(trt.plan_padding(graph)))
 
     class OnnxParser:
         def __init__(self, network, logger):
@@ -357,8 +366,8 @@ def _builder_api(trt, cuda: FakeCuda) -> None:
 
 
 def fake_tensorrt(cuda: FakeCuda, model_dir: Path) -> types.ModuleType:
-    """A `tensorrt` module whose serialized engines name the ONNX graph to run (relative to
-    `model_dir`, or absolute as the simulated builder writes them)."""
+    """A `tensorrt` module whose serialized engines name the ONNX graph to run, relative to
+    `model_dir` (up to a newline: the simulated builder pads its plans after one)."""
     trt = types.ModuleType("tensorrt")
     trt.__version__ = SIMULATED_TRT_VERSION
     trt.Logger = type("Logger", (), {"WARNING": 2, "__init__": lambda self, level=2: None})
@@ -370,16 +379,18 @@ def fake_tensorrt(cuda: FakeCuda, model_dir: Path) -> types.ModuleType:
             pass
 
         def deserialize_cuda_engine(self, serialized_engine):
-            return _Engine(model_dir / bytes(memoryview(serialized_engine)).decode(), cuda)
+            name = bytes(memoryview(serialized_engine)).split(b"\n", 1)[0].decode()
+            return _Engine(model_dir / name, cuda)
 
     trt.Runtime = Runtime
     _builder_api(trt, cuda)
     return trt
 
 
-def install(monkeypatch, model_dir: Path) -> FakeCuda:
+def install(monkeypatch, model_dir: Path, cuda: FakeCuda | None = None) -> FakeCuda:
     """Patches cuda-python and TensorRT for the backends; writes a simulated engine for every
-    graph of `model_dir` and records it in the manifest (the backend named there is kept)."""
+    graph of `model_dir` and records it in the manifest (the backend named there is kept),
+    as built on `cuda`'s GPU (default: a "Simulated GPU" of 80 GiB, compute capability 9.0)."""
     import dataclasses
     import sys
 
@@ -387,7 +398,7 @@ def install(monkeypatch, model_dir: Path) -> FakeCuda:
     from personaplex_edge.runtime.backends import cuda_runtime
     from personaplex_edge.contract import EngineSpec
 
-    cuda = FakeCuda()
+    cuda = cuda or FakeCuda()
     monkeypatch.setattr(cuda_runtime, "cudart", lambda: cuda)
     monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt(cuda, model_dir))
     manifest = load_model_dir(model_dir)
@@ -396,7 +407,28 @@ def install(monkeypatch, model_dir: Path) -> FakeCuda:
         engine = model_dir / (Path(entry.file).stem + ".engine")
         engine.write_text(entry.file)
         spec = EngineSpec(engine.name, sha256_file(engine), SIMULATED_TRT_VERSION, "9.0",
-                          "Simulated GPU", manifest.precision)
+                          cuda.name, manifest.precision, device_memory=cuda.memory)
         graphs[name] = dataclasses.replace(entry, engine=spec.to_dict())
     write_manifest(model_dir, dataclasses.replace(manifest, graphs=graphs))
     return cuda
+
+
+def export_tiny(root: Path) -> Path:
+    """The built-in tiny model (random weights) exported in float32 to root/fp32 (its checkpoint
+    in root/ckpt): what the simulated-GPU tests run."""
+    from personaplex_edge.config import preset
+    from personaplex_edge.export.hub import resolve_checkpoint
+    from personaplex_edge.export.model_export import export_model
+    from personaplex_edge.export.synthetic import write_synthetic_checkpoint
+
+    ckpt = write_synthetic_checkpoint(preset("tiny"), root / "ckpt")
+    export_model(resolve_checkpoint(str(ckpt)), root / "fp32", progress=lambda s: None)
+    return root / "fp32"
+
+
+def simulated_copy(model_dir: Path, dst: Path, monkeypatch) -> tuple[Path, FakeCuda]:
+    """A copy of `model_dir` at `dst` with simulated engines, cuda-python and TensorRT patched."""
+    import shutil
+
+    shutil.copytree(model_dir, dst)
+    return dst, install(monkeypatch, dst)

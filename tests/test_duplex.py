@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
+import pytest
 
 from personaplex_edge.runtime.audio_io.duplex import DuplexLoop
 from personaplex_edge.runtime.metrics import FrameMetrics
@@ -39,13 +41,21 @@ def test_ring_underrun_pads_with_silence_and_counts():
     assert not ring.read_exact(np.empty(1, np.float32), timeout=0.01)
 
 
-def _drive(loop: DuplexLoop, frames: int, period: float) -> None:
-    """Plays the role of the sound device: one frame in and one frame out per period."""
+def _numbered(k: int, n: int = FRAME) -> np.ndarray:
+    """Block k of a signal whose every sample holds its own index (exact in float32 < 2**24):
+    whatever the loop hands on says where in the input it came from."""
+    return np.arange(k * n, (k + 1) * n, dtype=np.float32)
+
+
+def _drive(loop: DuplexLoop, frames: int, period: float, fed: list | None = None) -> None:
+    """Plays the role of the sound device: one numbered frame in and one frame out per period
+    (`fed` gets the index one past the newest sample fed, with the time)."""
     out = np.empty(FRAME, np.float32)
-    rng = np.random.default_rng(0)
     t_next = time.perf_counter()
-    for _ in range(frames):
-        loop.on_input((rng.standard_normal(FRAME) * 0.1).astype(np.float32))
+    for k in range(frames):
+        loop.on_input(_numbered(k))
+        if fed is not None:
+            fed.append(((k + 1) * FRAME, time.perf_counter()))
         loop.on_output(out)
         t_next += period
         time.sleep(max(0.0, t_next - time.perf_counter()))
@@ -64,31 +74,125 @@ def test_fast_step_processes_every_frame_in_order():
     time.sleep(0.1)
     loop.stop()
     assert loop.stats.frames == 25 and loop.stats.dropped_frames == 0
-    assert len(seen) == 25 and not any(np.array_equal(seen[0], s) for s in seen[1:])
+    # every frame, whole and in its place: frame k holds samples k*1920 .. k*1920 + 1919
+    np.testing.assert_array_equal(np.concatenate(seen), np.arange(25 * FRAME, dtype=np.float32))
+
+
+def test_a_worker_behind_skips_to_the_newest_frames():
+    """While a step is busy three frames arrive; with max_backlog_frames=1 the next step must
+    get the newest one, and the two older ones are dropped and counted (not played late)."""
+    busy, release = threading.Event(), threading.Event()
+    seen = []
+
+    def step(frame):
+        seen.append(int(frame[0]) // FRAME)
+        if len(seen) == 1:
+            busy.set()
+            release.wait(5)
+        return frame
+
+    loop = DuplexLoop(step, max_backlog_frames=1)
+    loop.start()
+    loop.on_input(_numbered(0))
+    assert busy.wait(5)
+    for k in (1, 2, 3):  # the ring holds max_backlog + 2 = 3 frames: nothing overwritten
+        loop.on_input(_numbered(k))
+    release.set()
+    deadline = time.monotonic() + 5
+    while len(seen) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    loop.on_input(_numbered(4))
+    time.sleep(0.2)
+    loop.stop()
+    assert seen == [0, 3, 4], seen
+    assert loop.stats.dropped_frames == 2
 
 
 def test_slow_step_drops_oldest_frames_and_latency_stays_bounded():
-    """Every step takes longer than a frame: frames are dropped and counted, the backlog and the
-    rings never grow past their bounds, and the loop still stops cleanly."""
+    """Every step takes longer than a frame: frames are dropped and counted, and each frame
+    the step gets is recent: at most the allowed backlog plus what arrived during one step
+    behind the newest input (without the drop-oldest rule the ring would hand out frames a
+    full ring, max_backlog + 2 frames, old)."""
     period = 0.02
-    backlog_seen = []
+    fed: list = []
+    lag = []
 
     def slow(frame):
-        backlog_seen.append(len(loop.input))
+        newest = fed[-1][0] if fed else 0
+        lag.append((newest - int(frame[-1]) - 1) / FRAME)  # frames between it and the newest
         time.sleep(period * 2.5)
         return frame
 
     loop = DuplexLoop(slow, max_backlog_frames=2)
     loop.start()
-    _drive(loop, 60, period=period)
+    _drive(loop, 60, period=period, fed=fed)
     loop.stop()
     s = loop.stats
     assert s.frames + s.dropped_frames >= 50  # every frame was either processed or dropped
     assert s.dropped_frames >= 20
     assert s.underruns > 0  # the output could not keep up either
-    assert max(backlog_seen) <= loop.input.capacity
-    assert s.max_backlog_frames <= loop.max_backlog_frames + 3
-    assert len(loop.output) <= loop.output.capacity
+    # after a step, keep 2 waiting, take 1: the step sees a frame ~1-2 frames old, plus one
+    # step's arrivals (2.5) at most before the next drop; a full ring would mean 4+ frames
+    steady = sorted(lag[3:])
+    assert steady and steady[len(steady) // 2] <= 2.0, lag
+
+
+def test_a_device_that_stops_calling_back_ends_the_session():
+    """An input that delivers and then falls silent while its stream still says it runs: the
+    worker ends the session with a clear AudioDeviceError within the stall time."""
+    from personaplex_edge.errors import AudioDeviceError
+
+    loop = DuplexLoop(lambda frame: frame)
+    loop.stall_seconds = 0.5
+    assert loop.alive()  # the device keeps reporting itself active
+    loop.start()
+    for k in range(3):
+        loop.on_input(_numbered(k))
+        time.sleep(0.02)
+    t_stall = time.monotonic()
+    deadline = t_stall + 5
+    while loop.running and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not loop.running, "the worker waits forever on a device that stopped"
+    assert time.monotonic() - t_stall < 2.0
+    with pytest.raises(AudioDeviceError, match="stopped delivering samples"):
+        loop.stop()
+    assert loop.stats.frames == 3
+
+
+def test_a_device_that_never_starts_is_a_stall_too():
+    from personaplex_edge.errors import AudioDeviceError
+
+    loop = DuplexLoop(lambda frame: frame)
+    loop.startup_seconds = 0.3
+    loop.start()
+    loop._thread.join(3)
+    with pytest.raises(AudioDeviceError):
+        loop.stop()
+
+
+def test_answer_overwritten_by_a_slow_output_clock_is_counted():
+    """An output device that consumes nothing (its clock far slower than the input's): the
+    output ring overflows and the lost answer is counted, in samples, and reported."""
+    loop = DuplexLoop(lambda frame: frame, buffer_frames=1)
+    loop.start()
+    for k in range(12):
+        loop.on_input(_numbered(k))
+        time.sleep(0.01)
+    time.sleep(0.2)
+    loop.stop()
+    # 1 frame of start-up silence + 12 answers into a ring of 5 frames (+1 sample)
+    assert loop.stats.output_lost == (1 + 12) * FRAME - loop.output.capacity
+    assert "overwritten" in " ".join(loop.stats.report())
+
+
+def test_ring_overwrite_count_is_taken_and_reset_together():
+    ring = SampleRing(4)
+    ring.write(np.arange(6, dtype=np.float32))
+    assert ring.take_overwritten() == 2
+    assert ring.take_overwritten() == 0
+    ring.write(np.arange(3, dtype=np.float32))
+    assert ring.take_overwritten() == 3
 
 
 def test_worker_error_reaches_the_caller():

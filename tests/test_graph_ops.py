@@ -90,3 +90,94 @@ def test_checker_catches_control_flow(tmp_path):
     assert "If" in trt_ops()  # the parser would take it; the project must not
     with pytest.raises(AssertionError, match="control flow"):
         _check([path])
+
+
+# ---- the graphs TensorRT actually receives: converted for --backend tensorrt ------------------
+
+TRT_PRECISIONS = ("fp16", "bf16", "int8", "int4", "fp8")
+
+
+@pytest.fixture(scope="module")
+def tensorrt_graphs(tmp_path_factory) -> dict[str, list[Path]]:
+    """The tiny LM graphs in every TensorRT form (precision.convert_graph, as the export
+    converts them)."""
+    from personaplex_edge.export.precision import convert_graph
+    from personaplex_edge.export.precision_plan import plan_for
+
+    lm_bundle()
+    graph_dir, entries = lm_graphs()
+    out = {}
+    for precision in TRT_PRECISIONS:
+        d = tmp_path_factory.mktemp(f"trt-{precision}")
+        plan = plan_for(precision, "tensorrt")
+        out[precision] = []
+        for entry in entries.values():
+            convert_graph(graph_dir / entry.file, d / entry.file, entry, plan)
+            out[precision].append(d / entry.file)
+    return out
+
+
+def _load(path: Path):
+    import onnx
+
+    return onnx.load(str(path), load_external_data=False)
+
+
+def test_tensorrt_graphs_use_trt_ops_only(tensorrt_graphs):
+    """fp16/bf16 islands and the DequantizeLinear weights, at the opset they are written in
+    (21, for DequantizeLinear's block_size), stay within the parser's list, with no control
+    flow and no onnxruntime-only op."""
+    for precision, paths in tensorrt_graphs.items():
+        _check(paths)
+        for path in paths:
+            model = _load(path)
+            opset = {o.domain or "ai.onnx": o.version for o in model.opset_import}
+            assert set(opset) == {"ai.onnx"}, (precision, path.name, opset)  # no com.microsoft
+            if precision in ("int8", "int4", "fp8"):
+                assert opset["ai.onnx"] == 21, (precision, path.name, opset)
+                assert "DequantizeLinear" in graph_ops(path)
+
+
+def test_tensorrt_weight_only_form(tensorrt_graphs):
+    """Every DequantizeLinear dequantises a stored weight (an initializer of the precision's
+    type) straight into a MatMul's B; int4 blocks run along K in whole blocks (K padded with
+    zero rows, the activation padded by a constant Pad), int8 and fp8 have one scale per output
+    channel. The tiny model's 176- and 88-wide layers exercise the padding."""
+    from onnx import TensorProto, numpy_helper
+
+    stored = {"int8": TensorProto.INT8, "int4": TensorProto.INT4,
+              "fp8": TensorProto.FLOAT8E4M3FN}
+    padded = 0
+    for precision, want in stored.items():
+        for path in tensorrt_graphs[precision]:
+            graph = _load(path).graph
+            inits = {t.name: t for t in graph.initializer}
+            consumers: dict[str, list] = {}
+            for node in graph.node:
+                for i, name in enumerate(node.input):
+                    consumers.setdefault(name, []).append((node, i))
+            dqs = [n for n in graph.node if n.op_type == "DequantizeLinear"]
+            assert dqs, (precision, path.name)
+            for dq in dqs:
+                q, scale = (inits[n] for n in dq.input[:2])
+                attrs = {a.name: a.i for a in dq.attribute}
+                assert q.data_type == want and scale.data_type == TensorProto.FLOAT16
+                uses = consumers[dq.output[0]]
+                assert [(n.op_type, i) for n, i in uses] == [("MatMul", 1)], dq.name
+                k, n = q.dims
+                if precision == "int4":
+                    block = attrs["block_size"]
+                    assert attrs["axis"] == 0 and k % block == 0, (dq.name, k, block)
+                    assert list(scale.dims) == [k // block, n]
+                    # the activation, back through the fp16 island's Cast
+                    producer = {o: p for p in graph.node for o in p.output}
+                    pad = producer.get(uses[0][0].input[0])
+                    while pad is not None and pad.op_type == "Cast":
+                        pad = producer.get(pad.input[0])
+                    if pad is not None and pad.op_type == "Pad":  # K was ragged: padded to k
+                        pads = numpy_helper.to_array(inits[pad.input[1]])
+                        assert pads[-1] > 0 and not pads[:-1].any()
+                        padded += 1
+                else:
+                    assert attrs.get("axis") == 1 and list(scale.dims) == [n]
+    assert padded >= 2  # Helium's linear_out (K 176, block 64), the depformer's (K 88, 32)

@@ -15,8 +15,8 @@ from personaplex_edge.config import PersonaPlexConfig, preset
 from personaplex_edge.errors import CheckpointError
 from personaplex_edge.export.checkpoint import TensorFile
 from personaplex_edge.export.lm import expected_lm_tensors, load_lm
-from personaplex_edge.streams import (DELAYS, NUM_STREAMS, TokenRing, gumbel_noise,
-                                      initial_tokens)
+from personaplex_edge.gumbel import gumbel_noise
+from personaplex_edge.streams import DELAYS, NUM_STREAMS, TokenRing, initial_tokens
 
 ATOL = 1e-4
 

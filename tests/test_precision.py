@@ -53,13 +53,16 @@ def fp32_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def converted(fp32_dir) -> dict[str, Path]:
-    """fp16, bf16, int8, int4 for onnxruntime; int8/int4/fp8 in TensorRT's form (qdq-*)."""
+    """fp16, int8, int4 for onnxruntime; bf16 (a TensorRT precision: the export refuses it for
+    onnxruntime) and int8/int4/fp8 in TensorRT's form (qdq-*)."""
     from personaplex_edge.export.precision import convert_model_dir
 
     out = {}
-    for precision in ("fp16", "bf16", "int8", "int4"):
+    for precision in ("fp16", "int8", "int4"):
         out[precision] = fp32_dir.parent / precision
         convert_model_dir(fp32_dir, out[precision], precision, progress=lambda s: None)
+    out["bf16"] = fp32_dir.parent / "bf16"
+    convert_model_dir(fp32_dir, out["bf16"], "bf16", backend="tensorrt", progress=lambda s: None)
     for precision in ("int8", "int4", "fp8"):
         out[f"qdq-{precision}"] = fp32_dir.parent / f"qdq-{precision}"
         convert_model_dir(fp32_dir, out[f"qdq-{precision}"], precision, backend="tensorrt",
@@ -149,14 +152,15 @@ def test_stored_bytes_match_the_plan(fp32_dir, converted):
     config, and shrink in the expected order."""
     from personaplex_edge.export.frame_bytes import (estimate_bytes_per_frame, layout_for,
                                                      model_bytes_per_frame)
-    from personaplex_edge.export.precision import plan_for
+    from personaplex_edge.export.precision_plan import plan_for
 
     cfg = preset("tiny")
     totals = {}
     uniform = [(n, p) for n, p in converted.items() if "+" not in n]  # mixed: its own test
     for name, path in [("fp32", fp32_dir)] + uniform:
         precision = name.removeprefix("qdq-")
-        plan = plan_for(precision, "tensorrt" if name.startswith("qdq-") else "onnx")
+        plan = plan_for(precision, "tensorrt" if name.startswith("qdq-") or name == "bf16"
+                        else "onnx")
         counted = model_bytes_per_frame(path, load_model_dir(path))
         weights = counted["helium_step"] + counted["depformer_step"]
         est = estimate_bytes_per_frame(cfg, layout_for(plan))
@@ -182,7 +186,7 @@ def test_the_depformer_takes_its_own_precision(converted, user_codes, fp32_token
     audio tokens (the depformer's) agree with float32 at least as often as with int4 alone."""
     from personaplex_edge.export.frame_bytes import (estimate_bytes_per_frame, layout_for,
                                                      model_bytes_per_frame)
-    from personaplex_edge.export.precision import plan_for
+    from personaplex_edge.export.precision_plan import plan_for
 
     mixed = converted["int4+int8"]
     manifest = load_model_dir(mixed)
@@ -283,7 +287,8 @@ def test_weight_formats_compute_their_dequantised_weights():
 
 def test_refuses_what_it_cannot_do(fp32_dir, converted, tmp_path):
     from personaplex_edge.errors import PersonaPlexError
-    from personaplex_edge.export.precision import convert_precision, plan_for
+    from personaplex_edge.export.precision import convert_precision
+    from personaplex_edge.export.precision_plan import plan_for
 
     with pytest.raises(PersonaPlexError, match="already int8"):
         convert_precision(converted["int8"], load_model_dir(converted["int8"]), "int4")
@@ -300,6 +305,14 @@ def test_refuses_what_it_cannot_do(fp32_dir, converted, tmp_path):
         export_model(resolve_checkpoint(str(fp32_dir.parent / "ckpt")), tmp_path / "never",
                      precision="int4", depformer_precision="fp8", progress=said.append)
     assert said == [] and not (tmp_path / "never").exists()
+    # bf16 for onnxruntime, whose runtime binds no bfloat16 buffers: refused the same way, with
+    # what works instead
+    for kwargs in ({"precision": "bf16"}, {"precision": "fp16", "kv_dtype": "bfloat16"},
+                   {"precision": "int4", "depformer_precision": "bf16"}):
+        with pytest.raises(PersonaPlexError, match="cannot run on onnxruntime.*--backend tensorrt"):
+            export_model(resolve_checkpoint(str(fp32_dir.parent / "ckpt")), tmp_path / "never",
+                         progress=said.append, **kwargs)
+        assert said == [] and not (tmp_path / "never").exists()
     # in place (the export's staging use): the directory stays valid, its fp32 files replaced
     stage = tmp_path / "stage"
     shutil.copytree(fp32_dir, stage)
@@ -317,7 +330,8 @@ def test_refuses_what_it_cannot_do(fp32_dir, converted, tmp_path):
 def test_tensorrt_form_uses_only_ops_tensorrt_parses(converted):
     """What is converted for TensorRT (fp16/bf16 islands, DequantizeLinear weights) stays
     within TensorRT's ONNX op list, with no control flow; the onnx backend's int4 does not
-    (MatMulNBits), which tensorrt_build refuses with a message."""
+    (MatMulNBits), which the engine build refuses with a message (tests/test_graph_ops.py checks
+    the same forms converted graph by graph, with their weight layout)."""
     from test_graph_ops import FORBIDDEN, trt_ops
 
     from personaplex_edge.export.onnx_export import graph_ops
@@ -331,7 +345,15 @@ def test_tensorrt_form_uses_only_ops_tensorrt_parses(converted):
 
 
 def test_the_command_line_offers_every_precision_the_export_knows():
-    from personaplex_edge.cli import PRECISION_CHOICES
-    from personaplex_edge.export.precision import PRECISIONS
+    """The CLI's choices and the export's table both come from the contract, and every
+    contract precision has a plan for some backend."""
+    from personaplex_edge.cli import build_parser
+    from personaplex_edge.contract import BACKENDS, PRECISIONS
+    from personaplex_edge.export.precision_plan import plan_for
 
-    assert PRECISION_CHOICES == PRECISIONS
+    export = build_parser()._subparsers._group_actions[0].choices["export"]
+    choices = {a.dest: tuple(a.choices) for a in export._actions if a.choices}
+    assert choices["precision"] == choices["depformer_precision"] == PRECISIONS
+    assert choices["backend"] == BACKENDS
+    for precision in PRECISIONS:
+        assert plan_for(precision, "tensorrt").precision == precision

@@ -60,14 +60,15 @@ def test_persona_order_and_text_wrapping():
     np.testing.assert_array_equal(silence[AGENT_FIRST:USER_FIRST], SILENCE_TOKENS)
 
 
-def test_session_prompt_frames_follow_the_reference_order(demo_model_dir):
-    from personaplex_edge.runtime.session import Session
+def test_persona_prompt_frames_follow_the_reference_order(demo_model_dir):
+    from personaplex_edge.manifest import load_model_dir
+    from personaplex_edge.runtime.prompts import prompt_frames
     from personaplex_edge.runtime.text import TextTokenizer
 
-    session = Session.load(demo_model_dir, device="cpu")
     voice = np.array([[7] * 8, [8] * 8])
-    frames = session.prompt_frames("hello there", voice_codes=voice)
-    tokens = TextTokenizer(demo_model_dir, session.manifest).encode("<system> hello there <system>")
+    text = TextTokenizer(demo_model_dir, load_model_dir(demo_model_dir))
+    tokens = text.encode(wrap_text_prompt("hello there"))
+    frames = prompt_frames(tokens, voice_codes=voice)
     assert len(frames) == 2 + 6 + len(tokens) + 6
     np.testing.assert_array_equal(frames[0][AGENT_FIRST:USER_FIRST], voice[0])
     assert [f[0] for f in frames[8:8 + len(tokens)]] == tokens

@@ -152,7 +152,7 @@ def test_exported_codec_matches_moshi(exported, tiny_cfg, tiny_mimi_ref):
     gen = torch.Generator().manual_seed(5)
     pcm = torch.randn(frames * tiny_cfg.mimi_config.samples_per_frame, generator=gen) * 0.2
     want, _ = reference_stream(tiny_mimi_ref, pcm, tiny_cfg.mimi_config.samples_per_frame)
-    codec = Codec(out, manifest, device="cpu", threads=1)
+    codec = Codec.load(out, device="cpu", threads=1)
     np.testing.assert_array_equal(codec.encode(pcm.numpy()), want.numpy())
 
 
@@ -380,7 +380,7 @@ def test_reduced_check_for_graphs_too_large_to_run(tmp_path, monkeypatch):
     """With too little memory for a full check, a one-layer probe is checked and every weight
     spot-checked; a damaged weight in the data file is caught by the spot check."""
     from personaplex_edge.export import lm
-    from personaplex_edge.export.frugal import SafetensorsHeader
+    from personaplex_edge.export.safetensors_file import SafetensorsHeader
     from personaplex_edge.export.onnx_export import ExportMismatch
 
     bundle = lm_bundle()

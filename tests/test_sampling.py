@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from personaplex_edge.export.sampling import sample_top_k, top_k_probabilities
-from personaplex_edge.streams import gumbel_noise
+from personaplex_edge.gumbel import gumbel_noise
 
 FALSE_FAILURE_RATE = 1e-6  # chance that a correct sampler fails the chi-square test
 

@@ -1,9 +1,11 @@
 """TensorRT engines and the GPU backends.
 
-Without a GPU only the parts that need none run: the engine record and its refusal, the ring
-write's address arithmetic (on a simulated device memory), the refusal of onnxruntime-only
-graphs. Everything that needs CUDA and TensorRT skips with the reason; scripts/gpu_check.sh runs
-the same paths at full size on a GPU machine.
+Without a GPU only the parts that need none run: the engine record and its refusal, and the
+backends' host-side plumbing on a simulated GPU (tests/fake_gpu.py, the `test_simulated_gpu_*`
+tests: buffer sizes, addresses, copy geometry, ping-pong, ring positions, capture and replay -
+never CUDA or TensorRT themselves). Everything that needs CUDA and TensorRT skips with the
+reason; scripts/gpu_check.sh runs the same paths at full size on a GPU machine. The engine build
+is tests/test_trt_build.py.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def test_engine_spec_round_trip_and_manifest_record(tmp_path):
     entry = GraphEntry("helium_step.onnx", "x", [], [], engine=SPEC.to_dict())
     entry = GraphEntry.from_dict(json.loads(json.dumps(entry.to_dict())))  # as in manifest.json
     assert engine_spec(tmp_path, entry) == SPEC
-    with pytest.raises(ModelDirError, match="has no TensorRT engine.*tensorrt_build"):
+    with pytest.raises(ModelDirError, match="has no TensorRT engine.*personaplex-edge engines"):
         engine_spec(tmp_path, GraphEntry("depformer_step.onnx", "x", [], []))
 
 
@@ -60,28 +62,30 @@ def test_engine_from_another_tensorrt_or_gpu_is_refused():
     message = str(e.value)
     assert "TensorRT 10.8.0.43 built it, this is 10.9.0.34" in message
     assert "compute capability 9.0 (NVIDIA H200), this GPU is 8.7 (Orin)" in message
-    assert "tensorrt_build --model /models/pp" in message
+    assert "personaplex-edge engines --model /models/pp" in message
     with pytest.raises(ModelDirError, match="compute capability"):
         check_compatible(SPEC, "10.8.0.43", "8.9", "RTX 4090", "m")
 
 
-def test_onnxruntime_only_graphs_are_not_built(tmp_path):
-    """A MatMulNBits graph (the onnx backend's int4) is refused before TensorRT is asked."""
-    import onnx
-    from onnx import TensorProto, helper
-
-    from personaplex_edge.export.tensorrt_build import _uses_contrib_ops
-
-    node = helper.make_node("MatMulNBits", ["A", "B", "S"], ["Y"], domain="com.microsoft",
-                            K=32, N=8, bits=4, block_size=32)
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT,
-                                                                     [1, 32])],
-                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 8])])
-    onnx.save(helper.make_model(g), str(tmp_path / "q.onnx"))
-    assert _uses_contrib_ops(tmp_path / "q.onnx")
-    plain = helper.make_graph([helper.make_node("Relu", ["A"], ["Y"])], "g", g.input, g.output)
-    onnx.save(helper.make_model(plain), str(tmp_path / "p.onnx"))
-    assert not _uses_contrib_ops(tmp_path / "p.onnx")
+def test_engine_from_another_gpu_of_the_same_compute_capability_is_refused():
+    """H100 and H200 are both 9.0: the GPU's name and memory size tell them apart."""
+    h200 = dataclasses.replace(SPEC, device_memory=141 << 30)
+    check_compatible(h200, "10.8.0.43", "9.0", "NVIDIA H200", "m", device_memory=141 << 30)
+    with pytest.raises(ModelDirError) as e:
+        check_compatible(h200, "10.8.0.43", "9.0", "NVIDIA H100 80GB HBM3", "/models/pp",
+                         device_memory=80 << 30)
+    message = str(e.value)
+    assert "built on a NVIDIA H200 (141 GiB), this is a NVIDIA H100 80GB HBM3 (80 GiB)" in message
+    assert message.endswith("personaplex-edge engines --model /models/pp")
+    # one name, two memory sizes (Jetson AGX Orin 32 GB and 64 GB both call themselves "Orin");
+    # a few hundred MB reserved differently by a board's firmware is the same GPU
+    orin = dataclasses.replace(SPEC, compute_capability="8.7", device_name="Orin",
+                               device_memory=64 << 30)
+    check_compatible(orin, "10.8.0.43", "8.7", "Orin", "m", device_memory=(64 << 30) - (300 << 20))
+    with pytest.raises(ModelDirError, match=r"Orin \(64 GiB\), this is a Orin \(31 GiB\)"):
+        check_compatible(orin, "10.8.0.43", "8.7", "Orin", "m", device_memory=31 << 30)
+    # engines recorded before the memory size was: the name alone decides
+    check_compatible(SPEC, "10.8.0.43", "9.0", "NVIDIA H200", "m", device_memory=141 << 30)
 
 
 class _FakeDevice:
@@ -106,10 +110,9 @@ class _FakeDevice:
             self.view(dst + r * dpitch, width)[:] = self.view(src + r * spitch, width)
 
 
-def test_one_strided_copy_writes_every_ring_in_place(monkeypatch):
-    """DeviceRings' address arithmetic, on simulated device memory: after write(positions),
-    row r of every ring's output sits at slot (p + r) % T of that ring, exactly as
-    RingSpec.write puts it on the CPU, and nothing else changed."""
+def _fake_ring_device(monkeypatch):
+    """device_rings on simulated device memory (a numpy byte array; no CUDA): returns
+    (device, the list of 2D copies made, a Stream, array(ptr, shape, dtype) -> a view)."""
     from personaplex_edge.runtime.backends import device_rings
 
     dev = _FakeDevice()
@@ -121,7 +124,7 @@ def test_one_strided_copy_writes_every_ring_in_place(monkeypatch):
 
     def copy_rows(*args):
         copies.append(args)
-        dev.copy_rows(*args)
+        dev.copy_rows(*args[:7])
 
     monkeypatch.setattr(device_rings, "DeviceBuffer", Buffer)
     monkeypatch.setattr(device_rings, "copy_rows", copy_rows)
@@ -136,15 +139,37 @@ def test_one_strided_copy_writes_every_ring_in_place(monkeypatch):
         n = int(np.prod(shape)) * np.dtype(dtype).itemsize
         return dev.view(ptr, n).view(dtype).reshape(shape)
 
-    rng = np.random.default_rng(0)
-    B, H, T, Dh = 1, 3, 5, 4
+    return dev, copies, Stream(), array
+
+
+def _ring_specs(B):
     # Helium-like rings (1 row per call, position an input) and Mimi-like ones (2 rows per
     # call, position a state tensor), in one graph
-    specs = [RingSpec(f"past_key_values.{i}.{k}", f"present.{i}.{k}", (B, H, T, Dh), "float16")
+    specs = [RingSpec(f"past_key_values.{i}.{k}", f"present.{i}.{k}", (B, 3, 5, 4), "float16")
              for i in range(3) for k in ("key", "value")]
     specs += [RingSpec(f"past.kv{i}", f"rows.kv{i}", (B, 2, 7, 8), "float32", 2, "past.offset",
                        2) for i in range(2)]
-    rings = device_rings.DeviceRings(specs, Stream())
+    return specs
+
+
+def _cpu_reference(spec, ring, rows, positions, active):
+    """What the CPU backend does (state.write_ring_rows)."""
+    from personaplex_edge.runtime.backends.state import write_ring_rows
+
+    write_ring_rows(spec, ring, rows, positions, active)
+
+
+def test_simulated_gpu_one_strided_copy_writes_every_ring_in_place(monkeypatch):
+    """Host-side plumbing on simulated device memory: DeviceRings' address arithmetic. With
+    every row at one position, row r of every ring's output lands at slot (p + r) % T of that
+    ring - one strided copy for all rings alike - exactly as the CPU backend puts it, and
+    nothing else changes."""
+    from personaplex_edge.runtime.backends import device_rings
+
+    dev, copies, stream, array = _fake_ring_device(monkeypatch)
+    rng = np.random.default_rng(0)
+    specs = _ring_specs(1)
+    rings = device_rings.DeviceRings(specs, stream)
     assert len(rings._groups) == 2
     # TensorRT takes only 256-byte aligned tensor addresses: the rings of a group are padded
     # apart (these rows are 8 and 64 bytes long) and still share one copy
@@ -152,13 +177,13 @@ def test_one_strided_copy_writes_every_ring_in_place(monkeypatch):
         assert ptr % 256 == 0, ptr
     expect = {s.input_name: np.zeros(s.shape, np.dtype(s.dtype)) for s in specs}
     for step, (position, offset) in enumerate([(0, 0), (1, 2), (4, 4), (7, 6), (9, 12)]):
+        positions = {"position": np.array([position]), "past.offset": np.array([offset])}
         for s in specs:
             rows = rng.standard_normal(s.rows_shape).astype(s.dtype)
             array(rings.row_ptr[s.output_name], s.rows_shape, s.dtype)[...] = rows
-            p = position if s.position == "position" else offset
-            s.write(expect[s.input_name], rows, p)  # the CPU reference (RingSpec.write)
+            _cpu_reference(s, expect[s.input_name], rows, positions[s.position], [0])
         copies.clear()
-        rings.write({"position": position, "past.offset": offset}, Stream())
+        rings.write(positions, stream)
         assert len(copies) == 1 + 2  # one copy for all six 1-row rings, one per row for Mimi's
         for s in specs:
             np.testing.assert_array_equal(
@@ -166,7 +191,38 @@ def test_one_strided_copy_writes_every_ring_in_place(monkeypatch):
                 err_msg=f"{s.input_name} after call {step}")
 
 
-def test_ring_positions_come_from_inputs_or_mirrored_state(monkeypatch):
+def test_simulated_gpu_rows_of_a_batch_go_to_their_own_slots(monkeypatch):
+    """Host-side plumbing on simulated device memory: batch rows at different positions (a
+    lockstep batch) each get their new rows at their own slot, a row left out of `active` is
+    not written at all, and the result equals the CPU backend's."""
+    from personaplex_edge.runtime.backends import device_rings
+
+    dev, copies, stream, array = _fake_ring_device(monkeypatch)
+    rng = np.random.default_rng(1)
+    B = 3
+    specs = _ring_specs(B)
+    rings = device_rings.DeviceRings(specs, stream)
+    expect = {s.input_name: np.zeros(s.shape, np.dtype(s.dtype)) for s in specs}
+    calls = [([0, 3, 9], [0, 4, 2], None), ([1, 4, 10], [2, 6, 4], [0, 2]),
+             ([2, 4, 11], [4, 6, 6], [0, 1, 2]), ([5, 5, 5], [8, 8, 8], [1])]
+    for step, (position, offset, active) in enumerate(calls):
+        positions = {"position": np.array(position), "past.offset": np.array(offset)}
+        for s in specs:
+            rows = rng.standard_normal(s.rows_shape).astype(s.dtype)
+            array(rings.row_ptr[s.output_name], s.rows_shape, s.dtype)[...] = rows
+            _cpu_reference(s, expect[s.input_name], rows, positions[s.position],
+                           range(B) if active is None else active)
+        rings.write(positions, stream, active)
+        for s in specs:
+            np.testing.assert_array_equal(
+                array(rings.ring_ptr[s.input_name], s.shape, s.dtype), expect[s.input_name],
+                err_msg=f"{s.input_name} after call {step}")
+
+
+def test_simulated_gpu_ring_positions_come_from_inputs_or_mirrored_state(monkeypatch):
+    """Host-side plumbing (pinned memory and the device copy simulated): each batch row's ring
+    position comes from an input, or from a state tensor mirrored to the host after a run and
+    on sync."""
     from personaplex_edge.manifest import GraphEntry, StateSpec
     from personaplex_edge.runtime.backends import device_rings
 
@@ -177,18 +233,29 @@ def test_ring_positions_come_from_inputs_or_mirrored_state(monkeypatch):
         def close(self):
             pass
 
+    device = {1000: np.array([3, 5], np.int64), 2000: np.array([8, 1], np.int64)}
+
+    def copy_to_host(host, src, stream, ptr=None):
+        host[...] = device[src]
+
+    class Stream:
+        def synchronize(self):
+            pass
+
     monkeypatch.setattr(device_rings, "PinnedArray", Pinned)
-    entry = GraphEntry("g.onnx", "x", [], [], [StateSpec("offset", (1,), "int64", 3.0)],
-                       rings=[RingSpec("a", "b", (1, 1, 4, 2), "float32", 2, "past.offset", 2),
-                              RingSpec("c", "d", (1, 1, 4, 2), "float32", 2, "position")])
-    inputs = {"position": np.array([11], np.int64)}
+    monkeypatch.setattr(device_rings, "copy_to_host", copy_to_host)
+    entry = GraphEntry("g.onnx", "x", [], [], [StateSpec("offset", (2,), "int64", 3.0)],
+                       rings=[RingSpec("a", "b", (2, 1, 4, 2), "float32", 2, "past.offset", 2),
+                              RingSpec("c", "d", (2, 1, 4, 2), "float32", 2, "position")])
+    inputs = {"position": np.array([11, 4], np.int64)}
     pos = device_rings.RingPositions(entry, inputs, np.dtype)
-    assert pos.now() == {"past.offset": 3, "position": 11}  # the state's initial value
-    pos.set({"offset": np.array([8])})
+    pos.sync({"offset": 1000}, Stream())
+    now = pos.now()
+    assert now["past.offset"].tolist() == [3, 5] and now["position"].tolist() == [11, 4]
+    pos.after_run({"offset": 2000}, Stream())
     inputs["position"][0] = 12
-    assert pos.now() == {"past.offset": 8, "position": 12}
-    pos.reset()
-    assert pos.now()["past.offset"] == 3
+    now = pos.now()
+    assert now["past.offset"].tolist() == [8, 1] and now["position"].tolist() == [12, 4]
     with pytest.raises(ValueError, match="neither an input nor a state"):
         device_rings.RingPositions(GraphEntry("g.onnx", "x", [], [], rings=[
             RingSpec("a", "b", (1, 1, 4, 2), "float32", 2, "past.nothing")]), {}, np.dtype)
@@ -214,43 +281,49 @@ def test_onnxruntime_gpu_provider_options_are_documented_ones():
     assert all(isinstance(v, str) for v in (*trt.values(), *cuda.values()))
 
 
-def test_without_cuda_python_or_gpu_the_error_says_what_to_do(monkeypatch):
+def test_without_cuda_python_or_a_usable_driver_the_error_says_what_to_do(monkeypatch):
+    """gpu_available() without cuda-python names the package to install; with a cuda-python
+    newer than the driver (CUDA's insufficient-driver error, what a CUDA 13 cuda-python gives
+    on JetPack 6) it names the version mismatch."""
+    import fake_gpu
+
     from personaplex_edge.runtime.backends import cuda_runtime
 
+    def missing():
+        raise cuda_runtime.CudaError(cuda_runtime._INSTALL)
+
+    monkeypatch.setattr(cuda_runtime, "cudart", missing)
     ok, why = cuda_runtime.gpu_available()
-    if ok:
-        pytest.skip("a GPU is present")
-    assert "cuda-python" in why or "GPU" in why or "device" in why
+    assert not ok and "pip install 'cuda-python" in why
+
+    cuda = fake_gpu.FakeCuda()
+    cuda.cudaGetDeviceCount = lambda: (cuda.cudaError_t.cudaErrorInsufficientDriver, 0)
+    monkeypatch.setattr(cuda_runtime, "cudart", lambda: cuda)
+    ok, why = cuda_runtime.gpu_available()
+    assert not ok and why.startswith("cudaGetDeviceCount failed")
+    assert "cuda-python's major version matches the driver's CUDA" in why
 
 
 # ---- the GPU backends' host logic on a simulated GPU (tests/fake_gpu.py) -----------------------
 
 @pytest.fixture(scope="module")
 def tiny_fp32(tmp_path_factory) -> Path:
-    from personaplex_edge.export.hub import resolve_checkpoint
-    from personaplex_edge.export.model_export import export_model
-    from personaplex_edge.export.synthetic import write_synthetic_checkpoint
+    import fake_gpu
 
-    root = tmp_path_factory.mktemp("sim")
-    ckpt = write_synthetic_checkpoint(preset("tiny"), root / "ckpt")
-    export_model(resolve_checkpoint(str(ckpt)), root / "fp32", progress=lambda s: None)
-    return root / "fp32"
+    return fake_gpu.export_tiny(tmp_path_factory.mktemp("sim"))
 
 
 @pytest.fixture
 def simulated(tiny_fp32, tmp_path, monkeypatch):
     """A copy of the tiny model with simulated engines, cuda-python and TensorRT patched."""
-    import shutil
-
     import fake_gpu
 
-    model = tmp_path / "model"
-    shutil.copytree(tiny_fp32, model)
-    return model, fake_gpu.install(monkeypatch, model)
+    return fake_gpu.simulated_copy(tiny_fp32, tmp_path / "model", monkeypatch)
 
 
-def test_trt_backend_runs_the_lm_like_onnxruntime(simulated):
-    """Greedy frames through TrtGraph (device buffers, one 2D copy per ring write, positions
+def test_simulated_gpu_trt_backend_runs_the_lm_like_onnxruntime(simulated):
+    """Host-side plumbing on the simulated GPU (engines are onnxruntime CPU sessions): greedy
+    frames through TrtGraph (device buffers, one 2D copy per ring write, positions
     from the input) equal OrtGraph's on the CPU, past the ring's wrap (context 40)."""
     from lm_probe import GreedyLM
 
@@ -264,12 +337,12 @@ def test_trt_backend_runs_the_lm_like_onnxruntime(simulated):
     assert cuda.copies_2d == 50  # all 4 rings of helium in one copy per frame
 
 
-def test_trt_backend_runs_the_codec_like_onnxruntime(simulated):
-    """Mimi's graphs (ping-pong state, rings of 2 rows per call whose position is a state
+def test_simulated_gpu_trt_backend_runs_the_codec_like_onnxruntime(simulated):
+    """Host-side plumbing on the simulated GPU: Mimi's graphs (ping-pong state, rings of 2 rows per call whose position is a state
     tensor mirrored to the host) through TrtGraph equal OrtGraph, past the ring's wrap; state()
     / set_state() / reset() round-trip through the device."""
-    from personaplex_edge.runtime.backends.ort import OrtGraph
-    from personaplex_edge.runtime.backends.trt import TrtGraph
+    from personaplex_edge.runtime.backends.ort import OrtModelGraph
+    from personaplex_edge.runtime.backends.trt import TrtEngine
 
     model, _ = simulated
     manifest = load_model_dir(model)
@@ -277,8 +350,8 @@ def test_trt_backend_runs_the_codec_like_onnxruntime(simulated):
     pcm = (rng.standard_normal((30, *manifest.graphs["mimi_encoder"].inputs[0].shape)) * 0.1
            ).astype(np.float32)
     graphs = {}
-    for kind, make in (("cpu", lambda e: OrtGraph(model, e)),
-                       ("gpu", lambda e: TrtGraph(model, manifest, e))):
+    for kind, make in (("cpu", lambda e: OrtModelGraph(model, e).bind()),
+                       ("gpu", lambda e: TrtEngine(model, manifest, e).bind())):
         enc, dec = make(manifest.graphs["mimi_encoder"]), make(manifest.graphs["mimi_decoder"])
         graphs[kind] = (enc, dec)
     out = {}
@@ -308,13 +381,14 @@ def test_trt_backend_runs_the_codec_like_onnxruntime(simulated):
     np.testing.assert_array_equal(enc_gpu.run()["codes"], enc_cpu.run()["codes"])
 
 
-def test_captured_frame_replays_like_eager_runs(simulated):
-    """helium + depformer linked on the device and captured as one graph (ring write queued
+def test_simulated_gpu_captured_frame_replays_like_eager_runs(simulated):
+    """Host-side plumbing on the simulated GPU (a capture records the queued work, a launch
+    replays it; no CUDA graph is made): helium + depformer linked on the device and captured as one graph (ring write queued
     after each replay) give the eager tokens; a stateful graph (the encoder) captures both
     ping-pong parities and alternates them."""
     from personaplex_edge.runtime.backends.cuda_graphs import CapturedSequence
     from lm_probe import GreedyLM, linked_frame
-    from personaplex_edge.runtime.backends.trt import TrtGraph
+    from personaplex_edge.runtime.backends.trt import TrtEngine
     from personaplex_edge.streams import TokenRing
 
     model, cuda = simulated
@@ -336,8 +410,8 @@ def test_captured_frame_replays_like_eager_runs(simulated):
     np.testing.assert_array_equal(np.array(tokens), eager)
     assert cuda.launches == len(user)
 
-    enc = TrtGraph(model, manifest, manifest.graphs["mimi_encoder"])
-    ref = TrtGraph(model, manifest, manifest.graphs["mimi_encoder"])
+    enc = TrtEngine(model, manifest, manifest.graphs["mimi_encoder"]).bind()
+    ref = TrtEngine(model, manifest, manifest.graphs["mimi_encoder"]).bind()
     seq = CapturedSequence([enc])
     assert set(seq._execs) == {0, 1}
     pcm = np.random.default_rng(1).standard_normal((20, *enc.inputs["pcm"].shape)) * 0.1
@@ -347,8 +421,9 @@ def test_captured_frame_replays_like_eager_runs(simulated):
         np.testing.assert_array_equal(enc.outputs["codes"], ref.run()["codes"])
 
 
-def test_fp16_graphs_with_narrow_kv_rows_on_simulated_gpu(tiny_fp32, tmp_path, monkeypatch):
-    """The tiny fp16 graphs' K/V rows are 128 bytes per ring, so rings packed end to end would
+def test_simulated_gpu_fp16_graphs_with_narrow_kv_rows(tiny_fp32, tmp_path, monkeypatch):
+    """Host-side plumbing on the simulated GPU (which holds to TensorRT's 256-byte address
+    rule; the fp16 arithmetic is onnxruntime's): the tiny fp16 graphs' K/V rows are 128 bytes per ring, so rings packed end to end would
     put every other row output at an address TensorRT refuses; padded, the engine takes them
     and the tokens equal onnxruntime's on the CPU."""
     import fake_gpu
@@ -370,71 +445,36 @@ def test_fp16_graphs_with_narrow_kv_rows_on_simulated_gpu(tiny_fp32, tmp_path, m
     assert cuda.copies_2d == len(user)  # still one copy for all of helium's rings
 
 
-def test_engine_build_on_simulated_tensorrt(simulated, tmp_path, monkeypatch):
-    """build_engines through TensorRT's build API (simulated): a strongly typed network, TF32
-    off for float32, the workspace limit, the timing cache written, reused, and dropped when
-    it was recorded on another GPU; the engines it records then run."""
-    import sys
-
-    from personaplex_edge.export.tensorrt_build import build_engines, default_timing_cache
-    from personaplex_edge.manifest import write_manifest
-    from lm_probe import GreedyLM
-
-    model, cuda = simulated
-    trt = sys.modules["tensorrt"]
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    cache = default_timing_cache(trt.__version__, "9.0")
-    said = []
-    manifest = build_engines(model, graphs=["helium_step", "depformer_step"],
-                             workspace_bytes=1 << 30, progress=said.append)
-    assert len(trt.builds) == 2 and cache.is_file()
-    for network, config in trt.builds:
-        assert network.flags == 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
-        assert trt.BuilderFlag.TF32 not in config.flags  # float32: checked token for token
-        assert config.pools == {trt.MemoryPoolType.WORKSPACE: 1 << 30}
-        assert config.timing_cache is not None
-    spec = manifest.graphs["helium_step"].engine
-    assert spec["tensorrt_version"] == trt.__version__ and spec["compute_capability"] == "9.0"
-    write_manifest(model, manifest)
-
-    user = np.random.default_rng(6).integers(0, 2048, (20, 8))
-    manifest = load_model_dir(model)
-    cpu = GreedyLM(model, dataclasses.replace(manifest, backend="onnx"), device="cpu",
-                   threads=1).run(user)
-    np.testing.assert_array_equal(GreedyLM(model, manifest).run(user).tokens, cpu.tokens)
-
-    cache.write_bytes(trt.Builder(None).create_builder_config().create_timing_cache(b"")
-                      .serialize().tobytes().replace(b"Simulated GPU", b"Other GPU"))
-    build_engines(model, graphs=["depformer_step"], progress=said.append)
-    assert any("recorded on another GPU" in line for line in said)
-    assert b"Simulated GPU" in cache.read_bytes()  # replaced by this GPU's
-
-
-def test_device_memory_is_freed_by_close_and_by_dropping_a_session(simulated):
-    """A voice assistant that reloads its model must not leak GPU memory: Session.close()
-    frees the device buffers at once and refuses to run after; a session merely dropped frees
-    everything when it is collected; an output the caller still holds stays readable (its
-    pinned buffer goes with the last view, not under it)."""
+def test_simulated_gpu_device_memory_is_freed_by_close_and_by_dropping_a_model(simulated):
+    """Host-side plumbing on simulated device memory: a voice assistant that reloads its model
+    must not leak GPU memory. Model.close() frees the device buffers at once and a closed
+    model's conversation refuses to run; a model merely dropped frees everything when it is
+    collected; an output the caller still holds stays readable (its pinned buffer goes with the
+    last view, not under it)."""
     import gc
 
     from personaplex_edge.errors import PersonaPlexError
     from personaplex_edge.manifest import write_manifest
-    from personaplex_edge.runtime.session import SamplingParams, Session
+    from personaplex_edge.runtime.model import Model
+    from personaplex_edge.runtime.persona import Persona
+    from personaplex_edge.runtime.sampling import SamplingParams
 
     model, cuda = simulated
     write_manifest(model, dataclasses.replace(load_model_dir(model), backend="tensorrt"))
     idle = len(cuda._memory)
     pcm = np.zeros(1920, np.float32)
-    with Session.load(model, SamplingParams(greedy=True)) as session:
-        for _ in range(3):
-            audio, _ = session.step(pcm)
-        running = len(cuda._memory)
-        assert running > idle + 20  # rings, state, inputs, outputs of four graphs
-        kept = audio.copy()
+    loaded = Model.load(model)
+    conv = loaded.open_conversation(SamplingParams(greedy=True), Persona(enabled=False))
+    for _ in range(3):
+        audio, _ = conv.step(pcm)
+    running = len(cuda._memory)
+    assert running > idle + 20  # rings, state, inputs, outputs of four graphs
+    kept = audio.copy()
+    loaded.close()
     assert len(cuda._memory) < idle + (running - idle) // 2  # device buffers gone at once
     with pytest.raises(PersonaPlexError, match="closed"):
-        session.step(pcm)
-    del session
+        loaded.open_conversation()
+    del loaded, conv
     gc.collect()
     np.testing.assert_array_equal(audio, kept)  # still readable: its buffer is still held
     assert 0 < len(cuda._memory) - idle <= 2
@@ -442,39 +482,15 @@ def test_device_memory_is_freed_by_close_and_by_dropping_a_session(simulated):
     gc.collect()
     assert len(cuda._memory) == idle
 
-    session = Session.load(model, SamplingParams(greedy=True))
-    session.step(pcm)
-    del session
+    loaded = Model.load(model)
+    loaded.open_conversation(SamplingParams(greedy=True), Persona(enabled=False)).step(pcm)
+    del loaded
     gc.collect()
     assert len(cuda._memory) == idle
 
 
-def test_engines_are_built_at_each_graph_own_precision(tiny_fp32, tmp_path, monkeypatch):
-    """In an fp16 model with an int8 depformer, the codec's engines are built as float32
-    (TF32 off: its codes must match the CPU's) and each engine records its graph's precision."""
-    import sys
-
-    import fake_gpu
-
-    from personaplex_edge.export.precision import convert_model_dir
-    from personaplex_edge.export.tensorrt_build import build_engines
-
-    model = tmp_path / "mixed"
-    convert_model_dir(tiny_fp32, model, "fp16", backend="tensorrt", progress=lambda s: None,
-                      depformer_precision="int8")
-    fake_gpu.install(monkeypatch, model)
-    trt = sys.modules["tensorrt"]
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    manifest = build_engines(model, progress=lambda s: None)
-    built = {name: g.engine["precision"] for name, g in manifest.graphs.items()}
-    assert built == {"mimi_encoder": "fp32", "mimi_decoder": "fp32", "helium_step": "fp16",
-                     "depformer_step": "int8"}
-    tf32 = [trt.BuilderFlag.TF32 in config.flags for _, config in trt.builds]
-    assert tf32 == [False, False, True, True]  # in manifest order: the codec first
-
-
-def test_gpu_check_stages_on_simulated_gpu(simulated, tmp_path, monkeypatch):
-    """scripts/gpu_check.py's TensorRT stages - engine build, eager and captured LM frames,
+def test_simulated_gpu_gpu_check_stages(simulated, tmp_path, monkeypatch):
+    """Host-side plumbing on the simulated GPU: scripts/gpu_check.py's TensorRT stages - engine build, eager and captured LM frames,
     codec - on the simulated GPU: each prints ms/frame and compares with onnxruntime CPU
     (agreement 100 % here: the simulated engines are onnxruntime CPU sessions)."""
     import importlib.util
@@ -500,9 +516,12 @@ def test_gpu_check_stages_on_simulated_gpu(simulated, tmp_path, monkeypatch):
     assert "codes equal to ort-cpu: 100.0%" in line, line
 
 
-def test_engine_record_and_tampering_on_simulated_gpu(simulated):
+def test_simulated_gpu_engine_record_and_tampering(simulated):
+    """Host-side plumbing on the simulated GPU: an engine changed after its build, built by
+    another TensorRT, missing, or never recorded is refused before it is deserialised, each
+    naming the rebuild command."""
     from personaplex_edge.manifest import MANIFEST
-    from personaplex_edge.runtime.backends.trt import TrtGraph
+    from personaplex_edge.runtime.backends.trt import TrtEngine
 
     model, _ = simulated
     entry = load_model_dir(model).graphs["depformer_step"]
@@ -516,15 +535,16 @@ def test_engine_record_and_tampering_on_simulated_gpu(simulated):
     (model / MANIFEST).write_text(json.dumps(data))
     manifest = load_model_dir(model)
     with pytest.raises(ModelDirError, match="TensorRT 10.0.0 built it, this is 10.999.0.simulated"):
-        TrtGraph(model, manifest, manifest.graphs["depformer_step"])
+        TrtEngine(model, manifest, manifest.graphs["depformer_step"]).bind()
     engine.unlink()
-    with pytest.raises(ModelDirError, match="depformer_step.engine is missing.*tensorrt_build"):
-        TrtGraph(model, manifest, entry)  # entry: the record as built
+    with pytest.raises(ModelDirError,
+                       match="depformer_step.engine is missing.*personaplex-edge engines"):
+        TrtEngine(model, manifest, entry).bind()  # entry: the record as built
     data["graphs"]["depformer_step"].pop("engine")
     (model / MANIFEST).write_text(json.dumps(data))
     manifest = load_model_dir(model)
-    with pytest.raises(ModelDirError, match="has no TensorRT engine.*tensorrt_build"):
-        TrtGraph(model, manifest, manifest.graphs["depformer_step"])
+    with pytest.raises(ModelDirError, match="has no TensorRT engine.*personaplex-edge engines"):
+        TrtEngine(model, manifest, manifest.graphs["depformer_step"]).bind()
 
 
 # ---- GPU --------------------------------------------------------------------------------------
@@ -535,8 +555,8 @@ def tiny_fp16_engines(tmp_path_factory):
     from personaplex_edge.export.model_export import export_model
     from personaplex_edge.export.precision import convert_model_dir
     from personaplex_edge.export.synthetic import write_synthetic_checkpoint
-    from personaplex_edge.export.tensorrt_build import build_engines
     from personaplex_edge.manifest import write_manifest
+    from personaplex_edge.runtime.backends.trt_build import build_engines
 
     root = tmp_path_factory.mktemp("trt")
     ckpt = write_synthetic_checkpoint(preset("tiny"), root / "ckpt")
@@ -594,7 +614,7 @@ def test_engine_of_another_gpu_is_refused_at_load(tiny_fp16_engines, tmp_path):
     import shutil
 
     from personaplex_edge.manifest import MANIFEST
-    from personaplex_edge.runtime.backends.trt import TrtGraph
+    from personaplex_edge.runtime.backends.trt import TrtEngine
 
     model = tmp_path / "m"
     shutil.copytree(tiny_fp16_engines / "fp16", model)
@@ -604,17 +624,17 @@ def test_engine_of_another_gpu_is_refused_at_load(tiny_fp16_engines, tmp_path):
     manifest = load_model_dir(model)
     entry = manifest.graphs["depformer_step"]
     with pytest.raises(ModelDirError, match="compute capability 1.0"):
-        TrtGraph(model, manifest, entry)
+        TrtEngine(model, manifest, entry).bind()
 
 
 @needs_gpu
 def test_state_ping_pong_and_reset_on_device(tiny_fp16_engines):
     """The codec's state round-trips through the device and reset restores the initial one."""
-    from personaplex_edge.runtime.backends.trt import TrtGraph
+    from personaplex_edge.runtime.backends.trt import TrtEngine
 
     model = tiny_fp16_engines / "fp16"
     manifest = load_model_dir(model)
-    enc = TrtGraph(model, manifest, manifest.graphs["mimi_encoder"])
+    enc = TrtEngine(model, manifest, manifest.graphs["mimi_encoder"]).bind()
     first = {k: v.copy() for k, v in enc.state().items()}
     enc.inputs["pcm"][...] = np.random.default_rng(0).standard_normal(enc.inputs["pcm"].shape)
     codes = [enc.run()["codes"].copy() for _ in range(3)]
@@ -626,24 +646,20 @@ def test_state_ping_pong_and_reset_on_device(tiny_fp16_engines):
     np.testing.assert_array_equal(np.array(codes), np.array(again))
 
 
-def test_gpu_tests_skip_with_a_reason():
-    reason = _gpu_reason()
-    if reason is None:
-        pytest.skip("a GPU is present: the GPU tests ran")
-    assert "TensorRT" in reason or "CUDA" in reason
-    assert Path(__file__).name == "test_tensorrt.py"
-
-
 def test_gpu_runtime_and_precision_modules_do_not_import_torch():
-    """The GPU backends ship with the runtime (no torch); converting precisions and counting
-    bytes need only onnx and numpy, so they run where torch is not installed either."""
+    """The GPU backends and the engine build ship with the runtime (no torch); converting
+    precisions, counting bytes, reading safetensors headers and writing external data need only
+    onnx and numpy, so they run where torch is not installed either."""
     import subprocess
     import sys
 
     modules = ["personaplex_edge.runtime.backends." + m for m in (
-        "trt", "cuda_graphs", "ort_cuda", "device_rings", "cuda_runtime", "trt_engine")]
-    modules += ["personaplex_edge.export." + m for m in ("precision", "weight_quant",
-                                                         "frame_bytes", "tensorrt_build")]
+        "trt", "cuda_graphs", "ort_cuda", "device_rings", "cuda_runtime", "trt_engine",
+        "trt_build")]
+    modules += ["personaplex_edge.export." + m for m in (
+        "precision", "precision_plan", "graph_edit", "transpose_fold", "linear_quant",
+        "cast_islands", "weight_quant", "frame_bytes", "external_data", "safetensors_file",
+        "frugal")]
     code = ("import sys\n" + "".join(f"import {m}\n" for m in modules)
             + "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -85,16 +85,28 @@ def _device_rate(sd, device, kind: str, model_rate: int) -> int:
 def run_on_devices(step: FrameStep, input_device=None, output_device=None,
                    duration: float | None = None, model_rate: int = 24000,
                    frame_size: int = 1920, on_tick: Callable[[DuplexLoop], None] | None = None,
-                   tick_seconds: float = 0.5, max_backlog_frames: int = 2) -> DuplexLoop:
+                   tick_seconds: float = 0.5, max_backlog_frames: int = 2,
+                   aec: bool | None = None, step_metrics=None,
+                   progress: Callable[[str], None] = print) -> DuplexLoop:
     """Runs `step` full duplex until `duration` seconds pass or Ctrl-C; returns the loop (its
-    stats). A device that vanishes ends the run with AudioDeviceError."""
+    stats). A device that vanishes ends the run with AudioDeviceError.
+
+    aec: True cancels the speaker's echo from the microphone (echo.py; without libspeexdsp it
+    says so once through `progress` and passes the microphone through), False only measures
+    the echo, None runs no canceller. `step_metrics`: the step's FrameMetrics, which then
+    shows the canceller as its "aec" stage."""
+    from .echo import make_canceller
+
     sd = _sd()
     inp = resolve_device(input_device, "input")
     out = resolve_device(output_device, "output")
     in_rate = _device_rate(sd, inp, "input", model_rate)
     out_rate = _device_rate(sd, out, "output", model_rate)
+    echo = (None if aec is None else
+            make_canceller(aec, model_rate, frame_size, warn=progress))
     loop = DuplexLoop(step, frame_size=frame_size, model_rate=model_rate, input_rate=in_rate,
-                      output_rate=out_rate, max_backlog_frames=max_backlog_frames)
+                      output_rate=out_rate, max_backlog_frames=max_backlog_frames, echo=echo,
+                      step_metrics=step_metrics)
     flags = {"overflow": 0}
 
     # Two streams rather than one duplex stream: a microphone and a speaker are often separate
@@ -117,11 +129,14 @@ def run_on_devices(step: FrameStep, input_device=None, output_device=None,
     except Exception as e:  # PortAudioError, ValueError for bad settings
         raise AudioDeviceError(f"cannot open the sound device(s): {e}") from None
     loop.alive = lambda: all(s.active for s in streams)
-    loop.start()
+    loop.device_latency = (float(streams[0].latency), float(streams[1].latency))
     t_end = None if duration is None else time.monotonic() + duration
     interrupted = False
     try:
         with streams[0], streams[1]:
+            # the worker (and its stall clock) starts once both streams run: opening a
+            # device can take seconds, which must not count as a device that stalled
+            loop.start()
             while loop.running and (t_end is None or time.monotonic() < t_end):
                 time.sleep(min(tick_seconds, max(0.0, (t_end or 1e18) - time.monotonic())))
                 if on_tick is not None:

@@ -84,6 +84,13 @@ class SampleRing:
             self._size -= drop
             return drop
 
+    def take_overwritten(self) -> int:
+        """The samples overwritten since the last call (read and reset under the lock, so a
+        writer's count between the two is never lost)."""
+        with self._lock:
+            n, self.overwritten = self.overwritten, 0
+            return n
+
     def wake(self) -> None:
         """Wakes a blocked `read_exact` (used when stopping)."""
         with self._ready:

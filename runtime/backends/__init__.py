@@ -1,30 +1,112 @@
-"""Which engine runs a model directory's graphs: onnxruntime (CPU, CUDA) or native TensorRT.
+"""Which engine runs a model directory's graphs - onnxruntime (CPU, CUDA) or native TensorRT -
+and the one interface every backend offers.
 
-Every backend's graph object offers the same small surface, the one `OrtGraph` defines:
-`inputs` / `outputs` (host arrays: write the former, read the latter after `run()`), `run()`,
-`reset()`, `state()` / `set_state()`, `close()` (frees what the graph holds now, device
-memory on a GPU backend); `run()` also writes the call's new K/V rows into the rings.
+A graph has two halves. The loaded half (`LoadedGraph`: an onnxruntime session, a TensorRT
+engine) holds the weights and is shared read-only by every conversation on a model. The bound
+half (`Graph`, from `LoadedGraph.bind()`) is one conversation batch's buffers: its inputs,
+outputs, state (ping-pong sets) and KV rings, allocated once. `state.BoundGraph` implements
+state save/restore/reset/hold for all backends on top of each one's stores.
+
+`--device`: `cpu` runs onnxruntime on the CPU (a TensorRT model's ONNX graphs included, said
+once); `cuda` needs a working GPU backend and is otherwise one clear error; `auto` takes the GPU
+where it works and falls back to the CPU with one line saying why.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable, Protocol, Sequence
 
+import numpy as np
+
+from personaplex_edge.errors import ModelDirError, PersonaPlexError
 from personaplex_edge.manifest import GraphEntry, Manifest
 
-from .ort import OrtGraph, choose_providers
+from .ort import OrtModelGraph, choose_providers
+
+DEVICES = ("auto", "cpu", "cuda")
 
 
-def open_graph(model_dir: str | Path, manifest: Manifest, name: str, device: str = "auto",
-               threads: int | None = None):
-    entry: GraphEntry = manifest.graphs[name]
+class Graph(Protocol):
+    """One conversation batch's half of a graph (see the module docstring)."""
+
+    entry: GraphEntry
+    batch: int
+    inputs: dict[str, np.ndarray]  # write these, then run()
+    outputs: dict[str, np.ndarray]  # valid until the next run()
+
+    def run(self, active: Sequence[int] | None = None) -> dict[str, np.ndarray]: ...
+    def reset(self, rows: Sequence[int] | None = None) -> None: ...
+    def state(self, rows: Sequence[int] | None = None) -> dict[str, np.ndarray]: ...
+    def set_state(self, arrays: dict[str, np.ndarray],
+                  rows: Sequence[int] | None = None) -> None: ...
+    def close(self) -> None: ...
+
+
+class LoadedGraph(Protocol):
+    entry: GraphEntry
+
+    def bind(self) -> Graph: ...
+    def close(self) -> None: ...
+
+
+class DeviceUnavailable(PersonaPlexError):
+    """--device cuda where no GPU backend can be used."""
+
+
+def _gpu_backend(model_dir: Path, manifest: Manifest, names: Sequence[str]
+                 ) -> dict[str, LoadedGraph]:
+    """The graphs on the GPU: TensorRT engines for a TensorRT model, else onnxruntime's CUDA
+    provider (rings on the device through cuda-python). Raises PersonaPlexError with the
+    reason where that cannot work here."""
     if manifest.backend == "tensorrt":
-        from .trt import TrtGraph  # only where TensorRT is installed
+        from .trt import TrtEngine  # only where TensorRT is installed
 
-        return TrtGraph(model_dir, manifest, entry)
-    providers = choose_providers(device)
-    if providers[0] == "CUDAExecutionProvider" and entry.rings:
-        from .ort_cuda import OrtCudaGraph  # KV rings on the device, rows written in place
+        return {n: TrtEngine(model_dir, manifest, manifest.graphs[n]) for n in names}
+    if "CUDAExecutionProvider" not in choose_providers("auto"):
+        raise DeviceUnavailable("this onnxruntime has no CUDA provider (install the gpu extra: "
+                                "pip install 'personaplex-edge[gpu]')")
+    graphs: dict[str, LoadedGraph] = {}
+    for n in names:
+        entry = manifest.graphs[n]
+        if entry.rings or entry.state:
+            from .ort_cuda import OrtCudaModelGraph  # KV rings on the device, written in place
 
-        return OrtCudaGraph(model_dir, entry)
-    return OrtGraph(model_dir, entry, providers, threads)
+            graphs[n] = OrtCudaModelGraph(model_dir, entry)
+        else:
+            g = OrtModelGraph(model_dir, entry, choose_providers("cuda"))
+            if g.device != "cuda":
+                raise DeviceUnavailable("onnxruntime's CUDA provider could not start (its CUDA "
+                                        "or cuDNN libraries are missing or do not match)")
+            graphs[n] = g
+    return graphs
+
+
+def load_graphs(model_dir: str | Path, manifest: Manifest, names: Sequence[str],
+                device: str = "auto", threads: int | None = None,
+                progress: Callable[[str], None] | None = None) -> dict[str, LoadedGraph]:
+    """The loaded halves of `names`, on the device `device` resolves to (module docstring)."""
+    model_dir = Path(model_dir)
+    if device not in DEVICES:
+        raise ModelDirError(f"unknown device {device!r}; use {', '.join(DEVICES)}")
+    say = progress or (lambda line: None)
+    if device != "cpu" and (manifest.backend == "tensorrt"
+                            or "CUDAExecutionProvider" in choose_providers("auto")):
+        try:
+            return _gpu_backend(model_dir, manifest, names)
+        except PersonaPlexError as e:
+            if device == "cuda":
+                raise DeviceUnavailable(f"--device cuda: {e}") from None
+            say(f"running on the CPU: the GPU backend cannot be used here ({e})")
+    elif device == "cuda":
+        raise DeviceUnavailable("--device cuda: this onnxruntime has no CUDA provider (install "
+                                "the gpu extra: pip install 'personaplex-edge[gpu]')")
+    if manifest.backend == "tensorrt":
+        say("running this TensorRT model's ONNX graphs in onnxruntime on the CPU")
+    return {n: OrtModelGraph(model_dir, manifest.graphs[n], ["CPUExecutionProvider"], threads)
+            for n in names}
+
+
+def trt_loaded(graph: LoadedGraph) -> bool:
+    """Whether `graph` is a TensorRT engine (without importing TensorRT where it is not)."""
+    return type(graph).__name__ == "TrtEngine" and type(graph).__module__.endswith(".trt")

@@ -67,7 +67,7 @@ class CapturedSequence:
              rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal)
         try:
             for g in self.graphs:
-                g.enqueue(flip=False, rings=False)
+                g.enqueue(rings=False)
         except BaseException:
             try:
                 call("cudaStreamEndCapture", self.stream.raw)
@@ -83,24 +83,25 @@ class CapturedSequence:
         finally:
             call("cudaGraphDestroy", graph)
 
-    def launch(self) -> None:
-        """Queues the whole sequence, then each graph's ring writes; the graphs' host `inputs`
-        are read when it runs. The previous launch must have been waited for (positions kept
-        in state are mirrored to the host by it)."""
-        positions = [g._positions.now() for g in self.graphs]
+    def launch(self, active: list[int] | None = None) -> None:
+        """Queues the whole sequence, then each graph's ring writes for the `active` batch rows
+        (None: all; the others are held, as BoundGraph.run holds them); the graphs' host
+        `inputs` are read when it runs. The previous launch must have been waited for
+        (positions kept in state are mirrored to the host by it)."""
+        positions = [g._positions.now() for g in self.graphs]  # host values, read now
         parity = self._stateful[0]._turn if self._stateful else None
         call("cudaGraphLaunch", self._execs[parity], self.stream.raw)
         for g, p in zip(self.graphs, positions):
             if g.entry.rings:
-                g.rings.write(p, self.stream)
+                g.rings.write(p, self.stream, active)
         for g in self._stateful:
-            g._turn = 1 - g._turn
+            g.finish_call(active)
 
     def synchronize(self) -> None:
         self.stream.synchronize()
 
-    def run(self) -> list[dict]:
-        self.launch()
+    def run(self, active: list[int] | None = None) -> list[dict]:
+        self.launch(active)
         self.synchronize()
         return [g.outputs for g in self.graphs]
 

@@ -187,11 +187,12 @@ def copy_device(dst: int, src: int, nbytes: int, stream: Stream) -> None:
 
 
 def copy_rows(dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, rows: int,
-              stream: Stream) -> None:
-    """`rows` device rows of `width` bytes, strided copy (cudaMemcpy2DAsync), device to device."""
+              stream: Stream, kind: str = "DeviceToDevice") -> None:
+    """`rows` rows of `width` bytes, strided copy (cudaMemcpy2DAsync); `kind` names the
+    direction as CUDA does (DeviceToDevice, DeviceToHost, HostToDevice)."""
     rt = cudart()
     call("cudaMemcpy2DAsync", dst, dst_pitch, src, src_pitch, width, rows,
-         rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice, stream.raw)
+         getattr(rt.cudaMemcpyKind, f"cudaMemcpy{kind}"), stream.raw)
 
 
 def fill_zero(dst: int, nbytes: int, stream: Stream) -> None:

@@ -19,8 +19,15 @@ of 256 bytes long (small widths: 4 heads x 1 row x 32 bytes), each ring is given
 (b, h) rows of padding, the same number in both tables, so that the next ring starts aligned
 and the single copy still lines up: `B * H` above becomes that padded count.
 
+Rows of a batch at different positions (conversations of a lockstep batch that joined at
+different times) each go to their own slot: one strided copy per ring and batch row (height H
+instead of n_rings * B * H). Where every row is written at the same slot - always at batch 1 -
+the single copy above does it.
+
 The same buffers serve the native TensorRT backend (tensor addresses) and onnxruntime's CUDA
 and TensorRT providers (IO binding with raw device pointers, `bind_rings_to_ort`).
+`DeviceStore` gives any device tensor [B, ...] the row-wise reads and writes that
+state.BoundGraph builds state save, restore, reset and hold on.
 """
 
 from __future__ import annotations
@@ -31,8 +38,8 @@ import numpy as np
 
 from personaplex_edge.manifest import RingSpec
 
-from .cuda_runtime import (DeviceBuffer, PinnedArray, Stream, copy_rows, copy_to_device,
-                           copy_to_host, fill_zero)
+from .cuda_runtime import (DeviceBuffer, PinnedArray, Stream, copy_device, copy_rows,
+                           copy_to_device, copy_to_host, fill_zero)
 from .state import host_dtype
 
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -64,6 +71,9 @@ class DeviceRings:
         self.ring_ptr: dict[str, int] = {}
         self.row_ptr: dict[str, int] = {}
         self._groups: list[tuple[int, int, int, int, int, int, str]] = []
+        # per ring: (ring address, rows address, rows per batch row (H), slots, bytes per slot
+        # row, rows per call, position name), for rows written at their own slots
+        self._rings: list[tuple[int, int, int, int, int, int, str]] = []
         self._buffers: list[DeviceBuffer] = []
         by_geometry: dict[tuple, list[RingSpec]] = {}
         for s in self.specs:
@@ -79,6 +89,8 @@ class DeviceRings:
             for i, s in enumerate(group):
                 self.ring_ptr[s.input_name] = rings.ptr + i * stride * slots * inner
                 self.row_ptr[s.output_name] = rows.ptr + i * stride * rows_per_call * inner
+                self._rings.append((self.ring_ptr[s.input_name], self.row_ptr[s.output_name],
+                                    outer // s.shape[0], slots, inner, rows_per_call, position))
             self._groups.append((rings.ptr, rows.ptr, height, slots, inner, rows_per_call,
                                  position))
         # Zeros: a masked slot gets probability 0, but 0 * NaN is NaN, so slots never written
@@ -91,16 +103,32 @@ class DeviceRings:
         for buf in self._buffers:
             fill_zero(buf.ptr, buf.nbytes, stream)
 
-    def write(self, positions: dict[str, int], stream: Stream) -> None:
-        """Queues the copy of every new row r into slot (p + r) % T, p = positions[the ring's
-        position name] (ordered on `stream` after the run that produced the rows, and before
-        the next one)."""
+    def write(self, positions: dict[str, np.ndarray], stream: Stream,
+              active: list[int] | None = None) -> None:
+        """Queues the copy of every new row r of batch row b into slot (p[b] + r) % T,
+        p = positions[the ring's position name] ([B], before the call), for the rows in
+        `active` (None: all). Ordered on `stream` after the run that produced the rows, and
+        before the next one."""
+        together = {name: p for name, p in positions.items()
+                    if active is None and p.size and (p == p[0]).all()}
         for rings, rows, height, slots, inner, per_call, position in self._groups:
-            p = positions[position]
+            if position not in together:
+                continue
+            p = int(together[position][0])
             for r in range(per_call):
                 slot = (p + r) % slots
                 copy_rows(rings + slot * inner, slots * inner, rows + r * inner,
                           per_call * inner, inner, height, stream)
+        for ring, new, heads, slots, inner, per_call, position in self._rings:
+            if position in together:
+                continue
+            p = positions[position]
+            for b in (range(p.size) if active is None else active):
+                for r in range(per_call):
+                    slot = (int(p[b]) + r) % slots
+                    copy_rows(ring + (b * heads * slots + slot) * inner, slots * inner,
+                              new + (b * heads * per_call + r) * inner, per_call * inner,
+                              inner, heads, stream)
 
     @property
     def nbytes(self) -> int:
@@ -113,20 +141,20 @@ class DeviceRings:
 
 
 class RingPositions:
-    """Each ring's position before a call, known on the host without waiting for the device.
+    """Each ring's positions before a call ([B], one per batch row), known on the host without
+    waiting for the device.
 
     A position named by a graph input is read from the host input array. One named by a state
-    tensor (`past.<name>`, Mimi's step counter) lives on the device: after every run its new
-    value (the first element of `present.<name>`) is copied to a pinned host scalar, in the same
-    queue, so it is there once the run has been waited for - which every caller does before
-    the next frame."""
+    tensor (`past.<name>`, Mimi's step counter [B]) lives on the device: after every run its new
+    value (`present.<name>`) is copied to a pinned host mirror, in the same queue, so it is
+    there once the run has been waited for - which every caller does before the next frame.
+    State written from outside (set_state, reset, a held row) is mirrored again with `sync`."""
 
     def __init__(self, entry, host_inputs: dict[str, np.ndarray], host_dtype):
         states = {s.name: s for s in entry.state}
         self._inputs = host_inputs
         self._names = sorted({r.position for r in entry.rings})
-        self.mirrors: dict[str, PinnedArray] = {}  # state name -> [1] pinned
-        self._init: dict[str, float] = {}
+        self.mirrors: dict[str, PinnedArray] = {}  # state name -> [B] pinned
         for name in self._names:
             if name in host_inputs:
                 continue
@@ -134,15 +162,18 @@ class RingPositions:
             if state not in states:
                 raise ValueError(f"{entry.file}: ring position {name!r} is neither an input nor "
                                  "a state tensor")
-            self.mirrors[state] = PinnedArray((1,), host_dtype(states[state].dtype))
-            self._init[state] = states[state].init
-        self.reset()
+            self.mirrors[state] = PinnedArray(states[state].shape, host_dtype(states[state].dtype))
+        self._now = {name: np.zeros(1, np.int64) for name in self._names}
 
-    def now(self) -> dict[str, int]:
-        """{position name: value before the next call}."""
-        return {name: int(self._inputs[name].flat[0]) if name in self._inputs
-                else int(self.mirrors[name.removeprefix("past.")].array[0])
-                for name in self._names}
+    def now(self) -> dict[str, np.ndarray]:
+        """{position name: [B] values before the next call} (arrays reused call after call)."""
+        for name in self._names:
+            src = (self._inputs[name] if name in self._inputs
+                   else self.mirrors[name.removeprefix("past.")].array).reshape(-1)
+            if self._now[name].shape != src.shape:
+                self._now[name] = np.zeros(src.shape, np.int64)
+            np.copyto(self._now[name], src, casting="unsafe")
+        return self._now
 
     def after_run(self, written: dict[str, int], stream: Stream) -> None:
         """Queues the copy of each position state's new value; `written` maps state names to
@@ -150,43 +181,77 @@ class RingPositions:
         for state, pinned in self.mirrors.items():
             copy_to_host(pinned.array, written[state], stream, pinned.ptr)
 
-    def reset(self) -> None:
-        for state, pinned in self.mirrors.items():
-            pinned.array[0] = self._init[state]
-
-    def set(self, arrays: dict[str, np.ndarray]) -> None:
-        for state, pinned in self.mirrors.items():
-            pinned.array[0] = np.asarray(arrays[state]).flat[0]
+    def sync(self, current: dict[str, int], stream: Stream) -> None:
+        """Mirrors the position states from the buffers `current` names (after a write from
+        outside); waits for the copies."""
+        self.after_run(current, stream)
+        stream.synchronize()
 
     def close(self) -> None:
         for pinned in self.mirrors.values():
             pinned.close()
 
 
-def download_state(entry, state: dict[str, DeviceBuffer], rings: DeviceRings,
-                   stream: Stream) -> dict[str, np.ndarray]:
-    """A graph's whole state - its state buffers `state` (one ping-pong set) and its KV rings -
-    copied to new host arrays; waits for the copies."""
-    out = {s.name: np.empty(s.shape, host_dtype(s.dtype)) for s in entry.state}
-    for name, a in out.items():
-        copy_to_host(a, state[name].ptr, stream)
-    for r in entry.rings:
-        out[r.input_name] = np.empty(r.shape, host_dtype(r.dtype))
-        copy_to_host(out[r.input_name], rings.ring_ptr[r.input_name], stream)
-    stream.synchronize()
-    return out
+class DeviceStore:
+    """A tensor [B, ...] in device memory, by batch row: the Store of state.BoundGraph on a GPU
+    backend. Reads and writes wait for their copies (they are not per frame); row copies and
+    fills are queued on the stream."""
 
+    def __init__(self, ptr: int, shape: tuple[int, ...], dtype: str, stream: Stream):
+        self.ptr, self.shape, self.stream = ptr, tuple(shape), stream
+        self.dtype = host_dtype(dtype)
+        self.row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
 
-def upload_state(arrays: dict[str, np.ndarray], state: dict[str, DeviceBuffer],
-                 rings: DeviceRings, positions: RingPositions, stream: Stream) -> None:
-    """The reverse of download_state, for arrays checked by graph_io.check_state: each goes to
-    its ring or state buffer, the mirrored ring positions follow; waits for the copies (their
-    pageable sources must outlive them)."""
-    for name, a in arrays.items():
-        dst = rings.ring_ptr[name] if name in rings.ring_ptr else state[name].ptr
-        copy_to_device(dst, a, stream)
-    positions.set(arrays)
-    stream.synchronize()
+    def _at(self, b: int) -> int:
+        return self.ptr + b * self.row_bytes
+
+    def read(self, rows: list[int]) -> np.ndarray:
+        out = np.empty((len(rows), *self.shape[1:]), self.dtype)
+        flat = out.reshape(len(rows), -1)  # [rows, row elements]: a row is an array, never
+        for i, b in enumerate(rows):      # a numpy scalar (a state [B] has 1-element rows)
+            copy_to_host(flat[i], self._at(b), self.stream)
+        self.stream.synchronize()
+        return out
+
+    def write(self, rows: list[int], array: np.ndarray) -> None:
+        flat = np.ascontiguousarray(array, self.dtype).reshape(len(rows), -1)
+        for i, b in enumerate(rows):
+            copy_to_device(self._at(b), flat[i], self.stream)
+        self.stream.synchronize()  # the pageable source must outlive the copy
+
+    def fill(self, rows: list[int], value: float) -> None:
+        if value == 0.0:
+            for b in rows:
+                fill_zero(self._at(b), self.row_bytes, self.stream)
+            return
+        self.write(rows, np.full((len(rows), *self.shape[1:]), value, self.dtype))
+
+    def copy_rows_from(self, other: "DeviceStore", rows: list[int]) -> None:
+        for b in rows:
+            copy_device(self._at(b), other._at(b), self.row_bytes, self.stream)
+
+    def _slot_geometry(self, n: int) -> tuple[int, int, int]:
+        """A ring [B, H, T, Dh]: (H, bytes of T slots, bytes of n slots) per head."""
+        _, heads, slots, *rest = self.shape
+        inner = int(np.prod(rest, dtype=np.int64)) * self.dtype.itemsize
+        return heads, slots * inner, n * inner
+
+    def read_slots(self, rows: list[int], n: int) -> np.ndarray:
+        heads, pitch, width = self._slot_geometry(n)
+        out = np.empty((len(rows), heads, n, *self.shape[3:]), self.dtype)
+        for i, b in enumerate(rows):
+            copy_rows(out[i].ctypes.data, width, self._at(b), pitch, width, heads, self.stream,
+                      "DeviceToHost")
+        self.stream.synchronize()
+        return out
+
+    def write_slots(self, rows: list[int], array: np.ndarray) -> None:
+        array = np.ascontiguousarray(array, self.dtype)
+        heads, pitch, width = self._slot_geometry(array.shape[2])
+        for i, b in enumerate(rows):
+            copy_rows(self._at(b), pitch, array[i].ctypes.data, width, width, heads,
+                      self.stream, "HostToDevice")
+        self.stream.synchronize()
 
 
 def bind_rings_to_ort(binding, rings: DeviceRings, device_id: int = 0) -> None:

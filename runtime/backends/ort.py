@@ -1,6 +1,9 @@
-"""One exported graph on onnxruntime, with its state owned by the runtime and bound once.
+"""One exported graph on onnxruntime: the session, loaded once per model and shared read-only by
+every conversation (`OrtModelGraph`), and the buffers of one conversation's batch bound to it
+(`OrtGraph`, from `bind()`). onnxruntime runs one session from several threads at once, each
+run with its own IO binding, so conversations on one model need no lock.
 
-Every input, output and state buffer is allocated when the graph is loaded, on the backend's
+Every input, output and state buffer of a bound graph is allocated once, on the backend's
 device, and bound with IO binding. State ping-pongs between two buffer sets: call n reads set A
 (`past.*`) and writes set B (`present.*`), call n+1 the reverse, so no state is copied or
 allocated per frame and the graph never reads a buffer it is writing. Per call only the small
@@ -20,7 +23,7 @@ import numpy as np
 from personaplex_edge.errors import ModelDirError
 from personaplex_edge.manifest import GraphEntry
 
-from .state import check_state, copy_input
+from .state import BoundGraph, HostStore, write_ring_rows
 
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64,
               "int32": np.int32, "bool": np.bool_}
@@ -70,9 +73,9 @@ def choose_providers(device: str = "auto") -> list[str]:
     return ["CPUExecutionProvider"]
 
 
-class OrtGraph:
-    """A graph with bound buffers. `inputs`/`outputs` are host arrays: write the former, call
-    `run()`, read the latter (valid until the next run)."""
+class OrtModelGraph:
+    """A graph's onnxruntime session, checked against the manifest: the read-only half,
+    holding the weights once however many conversations run on it."""
 
     def __init__(self, model_dir: str | Path, entry: GraphEntry,
                  providers: Sequence[str] = ("CPUExecutionProvider",), threads: int | None = None):
@@ -85,133 +88,140 @@ class OrtGraph:
                                                 providers=list(providers))
         except Exception as e:
             raise ModelDirError(f"onnxruntime cannot load {path}: {e}") from e
-        self._check_signature()
+        check_signature(entry, self.session)
         self.device = "cuda" if self.session.get_providers()[0] == "CUDAExecutionProvider" \
             else "cpu"
+        if self.device != "cpu" and (entry.rings or entry.state):
+            raise ModelDirError(f"{entry.file} has state on the GPU, which OrtCudaGraph handles "
+                                "(open graphs with runtime.backends.load_graph)")
 
+    def bind(self) -> "OrtGraph":
+        return OrtGraph(self)
+
+    def close(self) -> None:
+        self.session = None
+
+
+def check_signature(entry: GraphEntry, session) -> None:
+    """The graph's real inputs/outputs must be exactly what the manifest promises."""
+    want_in = {t.name: (t.shape, t.dtype) for t in entry.inputs}
+    want_out = {t.name: (t.shape, t.dtype) for t in entry.outputs}
+    for s in entry.state:
+        want_in[s.input_name] = (s.shape, s.dtype)
+        want_out[s.output_name] = (s.shape, s.dtype)
+    for r in entry.rings:
+        want_in[r.input_name] = (r.shape, r.dtype)
+        want_out[r.output_name] = (r.rows_shape, r.dtype)
+    have_in = {a.name: (_dims(a.shape), _ORT_TYPES.get(a.type, a.type))
+               for a in session.get_inputs()}
+    have_out = {a.name: (_dims(a.shape), _ORT_TYPES.get(a.type, a.type))
+                for a in session.get_outputs()}
+    for kind, want, have in (("input", want_in, have_in), ("output", want_out, have_out)):
+        problems = [f"{kind} {n}: manifest {want.get(n)}, graph {have.get(n)}"
+                    for n in sorted(set(want) | set(have))
+                    if not _agrees(want.get(n), have.get(n))]
+        if problems:
+            raise ModelDirError(f"{entry.file} disagrees with the manifest; re-export "
+                                "the model:\n  " + "\n  ".join(problems[:10]))
+
+
+def _dims(shape) -> tuple:
+    """onnxruntime's shape with a symbolic (dynamic) dimension as -1."""
+    return tuple(d if isinstance(d, int) else -1 for d in shape)
+
+
+def _agrees(want, have) -> bool:
+    """A manifest shape agrees with the graph's where every fixed dimension is equal; a
+    dynamic one (-1 on the graph's side) takes the manifest's size."""
+    if want is None or have is None:
+        return want == have
+    (ws, wt), (hs, ht) = want, have
+    return wt == ht and len(ws) == len(hs) and all(h == -1 or h == w for w, h in zip(ws, hs))
+
+
+class OrtGraph(BoundGraph):
+    """One conversation batch's buffers bound to a shared session. `inputs`/`outputs` are host
+    arrays: write the former, call `run()`, read the latter (valid until the next run)."""
+
+    def __init__(self, graph: OrtModelGraph):
+        import onnxruntime as ort
+
+        entry = self.entry = graph.entry
+        self.graph = graph
+        self.device = graph.device
+        self.batch = entry.inputs[0].shape[0]
+        self._session = graph.session
         # host-side buffers for the per-call inputs and outputs
         self.inputs = {t.name: np.zeros(t.shape, _NP_DTYPES[t.dtype]) for t in entry.inputs}
         self.outputs = {t.name: np.zeros(t.shape, _NP_DTYPES[t.dtype]) for t in entry.outputs}
-        self._dev_inputs = {n: self._device_value(a) for n, a in self.inputs.items()}
-        self._dev_outputs = {n: self._device_value(a) for n, a in self.outputs.items()}
-        # two state sets, ping-pong
-        self._state = [{s.name: self._device_value(np.full(s.shape, s.init, _NP_DTYPES[s.dtype]))
-                        for s in entry.state} for _ in range(2)]
+        self._dev_inputs = {n: self._value(a) for n, a in self.inputs.items()}
+        self._dev_outputs = {n: self._value(a) for n, a in self.outputs.items()}
+        # two state sets, ping-pong; the OrtValues share the numpy arrays' memory
+        host = [{s.name: np.full(s.shape, s.init, _NP_DTYPES[s.dtype]) for s in entry.state}
+                for _ in range(2)]
+        self._stores = [{n: HostStore(a) for n, a in h.items()} for h in host]
+        self._state_values = [{n: ort.OrtValue.ortvalue_from_numpy(a) for n, a in h.items()}
+                              for h in host]
         # KV rings: read whole by the graph, written one row per step by us, in place
-        self.rings = {r.input_name: self._device_value(np.zeros(r.shape, _NP_DTYPES[r.dtype]))
+        self.rings = {r.input_name: np.zeros(r.shape, _NP_DTYPES[r.dtype]) for r in entry.rings}
+        self._ring_stores = {n: HostStore(a) for n, a in self.rings.items()}
+        self._rows = {r.output_name: np.zeros(r.rows_shape, _NP_DTYPES[r.dtype])
                       for r in entry.rings}
-        self._rows = {r.output_name: self._device_value(np.zeros(r.rows_shape,
-                                                                 _NP_DTYPES[r.dtype]))
-                      for r in entry.rings}
-        if entry.rings and self.device != "cpu":
-            raise ModelDirError("KV rings on the GPU are handled by OrtCudaGraph (open graphs "
-                                "with runtime.backends.open_graph; it needs cuda-python)")
-        self._positions = {r.input_name: 0 for r in entry.rings}
         self._bindings = [self._bind(read=i, write=1 - i) for i in range(2)]
         self._turn = 0
+        # each row's ring position before a call, by the input or state that holds it
+        self._positions = {r.position: np.zeros(self.batch, np.int64) for r in entry.rings}
 
-    # -- setup --------------------------------------------------------------------------------
-    def _check_signature(self) -> None:
-        """The graph's real inputs/outputs must be exactly what the manifest promises."""
-        want_in = {t.name: (t.shape, t.dtype) for t in self.entry.inputs}
-        want_out = {t.name: (t.shape, t.dtype) for t in self.entry.outputs}
-        for s in self.entry.state:
-            want_in[s.input_name] = (s.shape, s.dtype)
-            want_out[s.output_name] = (s.shape, s.dtype)
-        for r in self.entry.rings:
-            want_in[r.input_name] = (r.shape, r.dtype)
-            want_out[r.output_name] = (r.rows_shape, r.dtype)
-        have_in = {a.name: (tuple(a.shape), _ORT_TYPES.get(a.type, a.type))
-                   for a in self.session.get_inputs()}
-        have_out = {a.name: (tuple(a.shape), _ORT_TYPES.get(a.type, a.type))
-                    for a in self.session.get_outputs()}
-        for kind, want, have in (("input", want_in, have_in), ("output", want_out, have_out)):
-            problems = [f"{kind} {n}: manifest {want.get(n)}, graph {have.get(n)}"
-                        for n in sorted(set(want) | set(have)) if want.get(n) != have.get(n)]
-            if problems:
-                raise ModelDirError(f"{self.entry.file} disagrees with the manifest; re-export "
-                                    "the model:\n  " + "\n  ".join(problems[:10]))
-
-    def _device_value(self, host: np.ndarray):
+    def _value(self, host: np.ndarray):
         import onnxruntime as ort
 
-        if getattr(self, "device", "cpu") == "cpu":
+        if self.device == "cpu":
             return ort.OrtValue.ortvalue_from_numpy(host)  # shares host memory
         return ort.OrtValue.ortvalue_from_numpy(host, "cuda", 0)
 
     def _bind(self, read: int, write: int):
-        binding = self.session.io_binding()
+        import onnxruntime as ort
+
+        binding = self._session.io_binding()
         for name, value in self._dev_inputs.items():
             binding.bind_ortvalue_input(name, value)
         for name, value in self._dev_outputs.items():
             binding.bind_ortvalue_output(name, value)
         for s in self.entry.state:
-            binding.bind_ortvalue_input(s.input_name, self._state[read][s.name])
-            binding.bind_ortvalue_output(s.output_name, self._state[write][s.name])
+            binding.bind_ortvalue_input(s.input_name, self._state_values[read][s.name])
+            binding.bind_ortvalue_output(s.output_name, self._state_values[write][s.name])
         for r in self.entry.rings:
-            binding.bind_ortvalue_input(r.input_name, self.rings[r.input_name])
-            binding.bind_ortvalue_output(r.output_name, self._rows[r.output_name])
+            binding.bind_ortvalue_input(r.input_name,
+                                        ort.OrtValue.ortvalue_from_numpy(self.rings[r.input_name]))
+            binding.bind_ortvalue_output(r.output_name,
+                                         ort.OrtValue.ortvalue_from_numpy(self._rows[r.output_name]))
         return binding
 
-    def ring_position(self, spec) -> int:
-        """Where the next call's first row goes: the graph input or state `spec.position`
-        names, as it is before the call (all batch rows share it)."""
-        if spec.position in self.inputs:
-            return int(self.inputs[spec.position].flat[0])
-        value = self._state[self._turn][spec.position.removeprefix("past.")]
-        return int(value.numpy().flat[0])
+    def ring_positions(self, position: str) -> np.ndarray:
+        """[B]: where each row's next rows go, from the graph input or state `position` names
+        (a RingSpec's), as it is before the call (a view)."""
+        if position in self.inputs:
+            return self.inputs[position].reshape(-1)
+        return self._stores[self._turn][position.removeprefix("past.")].array.reshape(-1)
 
-    def _write_rings(self) -> None:
-        """Stores the last call's new K/V rows in place at their slots of each ring."""
-        for r in self.entry.rings:
-            r.write(self.rings[r.input_name].numpy(), self._rows[r.output_name].numpy(),
-                    self._positions[r.input_name])
-
-    # -- per call -------------------------------------------------------------------------------
-    def run(self) -> dict[str, np.ndarray]:
+    def _call(self, active: list[int] | None) -> None:
+        if self._session is None:
+            raise ModelDirError(f"{self.entry.file}: this graph was closed")
         if self.device != "cpu":
             for name, host in self.inputs.items():
                 self._dev_inputs[name].update_inplace(host)
+        for name, before in self._positions.items():
+            np.copyto(before, self.ring_positions(name))
+        self._session.run_with_iobinding(self._bindings[self._turn])
+        rows = range(self.batch) if active is None else active
         for r in self.entry.rings:
-            self._positions[r.input_name] = self.ring_position(r)
-        self.session.run_with_iobinding(self._bindings[self._turn])
-        self._turn = 1 - self._turn
-        self._write_rings()
+            write_ring_rows(r, self.rings[r.input_name], self._rows[r.output_name],
+                            self._positions[r.position], rows)
         if self.device != "cpu":
             for name, value in self._dev_outputs.items():
                 np.copyto(self.outputs[name], value.numpy())
-        return self.outputs
-
-    def reset(self) -> None:
-        """Back to the initial state (the manifest's init values), in place. KV rings need no
-        clearing: slots not written since the reset are masked by position."""
-        for s in self.entry.state:
-            value = self._state[self._turn][s.name]
-            if self.device == "cpu":
-                value.numpy()[...] = s.init
-            else:
-                value.update_inplace(np.full(s.shape, s.init, _NP_DTYPES[s.dtype]))
-
-    def state(self) -> dict[str, np.ndarray]:
-        """The current state, KV rings included, as host arrays (a copy; to save a stream, or
-        for inspection and tests)."""
-        out = {n: v.numpy().copy() for n, v in self._state[self._turn].items()}
-        out.update({n: v.numpy().copy() for n, v in self.rings.items()})
-        return out
-
-    def set_state(self, arrays: dict[str, np.ndarray]) -> None:
-        """Replaces the whole state (e.g. one saved with `state()`), checking every tensor."""
-        for name, a in check_state(self.entry, arrays).items():
-            value = self.rings[name] if name in self.rings else self._state[self._turn][name]
-            if self.device == "cpu":
-                np.copyto(value.numpy(), a)
-            else:
-                value.update_inplace(a)
 
     def close(self) -> None:
-        """Lets onnxruntime's session and its bindings go now (host buffers: nothing else to
-        free); the graph cannot run after this."""
-        self.session = self._bindings = None
-
-    def set_input(self, name: str, value: np.ndarray) -> None:
-        copy_input(self.entry.file, self.inputs, name, value)
+        """Lets this batch's bindings go now; the graph cannot run after this (the shared
+        session stays with its model)."""
+        self._session = self._bindings = None

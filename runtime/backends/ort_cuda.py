@@ -1,5 +1,6 @@
 """One graph on onnxruntime's CUDA (or TensorRT) provider with every buffer on the device,
-KV rings included: the GPU counterpart of OrtGraph, with the same surface.
+KV rings included: the GPU counterpart of OrtGraph, with the same two halves (the shared
+session, `OrtCudaModelGraph`; one conversation batch's buffers, `OrtCudaGraph`).
 
 OrtGraph cannot keep KV rings on the GPU: an OrtValue on the device has no numpy view to write
 a row into. Here the buffers are our own device allocations (cuda-python), bound to
@@ -7,8 +8,16 @@ onnxruntime's IO binding by raw pointer, so the ring write is the same single st
 copy the native TensorRT backend does (device_rings.DeviceRings). onnxruntime runs on our
 stream (`user_compute_stream`), so the copies and the graph are ordered on one stream.
 
+The session is created with our stream as its compute stream, so every conversation bound to
+it queues on that one stream; each waits for its own run, so runs from several threads stay
+ordered and correct (they do not overlap on the GPU).
+
 Optionally (`cuda_graph=True`) onnxruntime captures each run as a CUDA graph and replays it; it
 needs fixed addresses, which ping-pong state breaks, so each state parity gets its own graph id.
+A captured graph belongs to the session, so it can serve only one bound buffer set: capture is
+refused for a second conversation on the same session, for onnxruntime older than 1.18 (no
+`gpu_graph_id`), and with the TensorRT provider (it keeps one graph for the session, which the
+ping-pong state would replay with the wrong addresses every other frame).
 """
 
 from __future__ import annotations
@@ -22,9 +31,9 @@ from personaplex_edge.manifest import GraphEntry
 
 from .cuda_runtime import (DeviceBuffer, PinnedArray, Stream, call, copy_to_device, copy_to_host,
                            fill_zero)
-from .device_rings import (DeviceRings, RingPositions, bind_rings_to_ort, download_state,
-                           upload_state)
-from .state import check_state
+from .device_rings import DeviceRings, DeviceStore, RingPositions, bind_rings_to_ort
+from .ort import check_signature
+from .state import BoundGraph
 
 
 def cuda_providers(stream: Stream, device_id: int = 0, tensorrt: bool = False,
@@ -52,7 +61,9 @@ def cuda_providers(stream: Stream, device_id: int = 0, tensorrt: bool = False,
     return providers
 
 
-class OrtCudaGraph:
+class OrtCudaModelGraph:
+    """The shared half: the session on our stream, its signature checked."""
+
     def __init__(self, model_dir: str | Path, entry: GraphEntry, stream: Stream | None = None,
                  tensorrt: bool = False, cuda_graph: bool = False, device_id: int = 0,
                  trt_cache: str | Path | None = None):
@@ -60,13 +71,15 @@ class OrtCudaGraph:
 
         from .ort import session_options
 
+        if cuda_graph:
+            refuse_cuda_graph(ort.__version__, tensorrt)
         self.entry = entry
-        self.device = "cuda"
         call("cudaSetDevice", device_id)  # our stream and buffers on the session's device
         self.stream = stream or Stream()
         self._own_stream = stream is None
-        self._cuda_graph = cuda_graph
-        self._device_id = device_id
+        self.cuda_graph = cuda_graph
+        self.device_id = device_id
+        self._bound = 0
         path = Path(model_dir) / entry.file
         providers = cuda_providers(self.stream, device_id, tensorrt, cuda_graph, trt_cache)
         try:
@@ -78,7 +91,48 @@ class OrtCudaGraph:
             raise ModelDirError(f"onnxruntime did not enable {wanted} for {path.name} (it has "
                                 f"{', '.join(self.session.get_providers())}): install "
                                 "onnxruntime-gpu built for this CUDA, with its CUDA libraries")
+        check_signature(entry, self.session)
         self.providers = self.session.get_providers()
+
+    def bind(self) -> "OrtCudaGraph":
+        if self.cuda_graph and self._bound:
+            raise ModelDirError(f"{self.entry.file}: onnxruntime's captured CUDA graph belongs "
+                                "to its session and serves one conversation; open the model "
+                                "without cuda_graph for several")
+        self._bound += 1
+        return OrtCudaGraph(self)
+
+    def close(self) -> None:
+        self.stream.synchronize()
+        self.session = None
+        if self._own_stream:
+            self.stream.close()
+
+
+def refuse_cuda_graph(ort_version: str, tensorrt: bool) -> None:
+    """CUDA graph capture where onnxruntime cannot get it right (see the module docstring)."""
+    major, minor = (int(x) for x in ort_version.split(".")[:2])
+    if (major, minor) < (1, 18):
+        raise ModelDirError(f"onnxruntime {ort_version} cannot replay a graph per state set "
+                            "(gpu_graph_id came in 1.18): upgrade onnxruntime-gpu or run "
+                            "without CUDA graphs")
+    if tensorrt:
+        raise ModelDirError("CUDA graphs with onnxruntime's TensorRT provider would replay one "
+                            "graph over ping-pong state; use the native TensorRT backend "
+                            "(export --backend tensorrt) for captured frames")
+
+
+class OrtCudaGraph(BoundGraph):
+    def __init__(self, graph: OrtCudaModelGraph):
+        import onnxruntime as ort
+
+        entry = self.entry = graph.entry
+        self.graph = graph
+        self.device = "cuda"
+        self.stream = graph.stream
+        self.batch = entry.inputs[0].shape[0]
+        self._session = graph.session
+        self._device_id = graph.device_id
         self._pinned_in = {t.name: PinnedArray(t.shape, t.dtype) for t in entry.inputs}
         self._pinned_out = {t.name: PinnedArray(t.shape, t.dtype) for t in entry.outputs}
         self.inputs = {n: p.array for n, p in self._pinned_in.items()}
@@ -87,13 +141,18 @@ class OrtCudaGraph:
         self._dev_out = {n: DeviceBuffer(p.array.nbytes) for n, p in self._pinned_out.items()}
         self._state = [{s.name: DeviceBuffer(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize)
                         for s in entry.state} for _ in range(2)]
+        self._stores = [{s.name: DeviceStore(st[s.name].ptr, s.shape, s.dtype, self.stream)
+                         for s in entry.state} for st in self._state]
         self.rings = DeviceRings(entry.rings, self.stream)
+        self._ring_stores = {r.input_name: DeviceStore(self.rings.ring_ptr[r.input_name],
+                                                       r.shape, r.dtype, self.stream)
+                             for r in entry.rings}
         self._positions = RingPositions(entry, self.inputs, np.dtype)
         self._bindings = [self._bind(read=i, write=1 - i) for i in range(2)]
         self._run_options = []
         for parity in range(2):
             opts = ort.RunOptions()
-            if cuda_graph:  # one captured graph per ping-pong parity
+            if graph.cuda_graph:  # one captured graph per ping-pong parity
                 opts.add_run_config_entry("gpu_graph_id", str(parity + 1))
             self._run_options.append(opts)
         self._turn = 0
@@ -102,7 +161,7 @@ class OrtCudaGraph:
     def _bind(self, read: int, write: int):
         # the buffers live on the session's device: a binding naming another one would make
         # onnxruntime copy them over (or read them there) every run
-        b, dev = self.session.io_binding(), self._device_id
+        b, dev = self._session.io_binding(), self._device_id
         for t in self.entry.inputs:
             b.bind_input(t.name, "cuda", dev, np.dtype(t.dtype), list(t.shape),
                          self._dev_in[t.name].ptr)
@@ -117,28 +176,32 @@ class OrtCudaGraph:
         bind_rings_to_ort(b, self.rings, dev)
         return b
 
-    def run(self) -> dict[str, np.ndarray]:
+    def _call(self, active: list[int] | None) -> None:
         """One call; the new K/V rows are written into the rings before it returns."""
+        if self._session is None:
+            raise ModelDirError(f"{self.entry.file}: this graph was closed")
         positions = self._positions.now()  # before the call
         for name, pinned in self._pinned_in.items():
             copy_to_device(self._dev_in[name].ptr, pinned.array, self.stream, pinned.ptr)
         # onnxruntime runs on our stream, after the copies; it synchronizes before returning
-        self.session.run_with_iobinding(self._bindings[self._turn],
-                                        self._run_options[self._turn])
-        self.rings.write(positions, self.stream)
+        self._session.run_with_iobinding(self._bindings[self._turn],
+                                         self._run_options[self._turn])
+        self.rings.write(positions, self.stream, active)
         for name, pinned in self._pinned_out.items():
             copy_to_host(pinned.array, self._dev_out[name].ptr, self.stream, pinned.ptr)
         self._positions.after_run({n: b.ptr for n, b in self._state[1 - self._turn].items()},
                                   self.stream)
         self.stream.synchronize()
-        self._turn = 1 - self._turn
-        return self.outputs
+
+    def _positions_changed(self) -> None:
+        self._positions.sync({n: b.ptr for n, b in self._state[self._turn].items()},
+                             self.stream)
 
     def close(self) -> None:
         """Frees the device memory now (otherwise when the graph is collected); pinned host
         buffers go with the last view of them."""
         self.stream.synchronize()
-        self.session = self._bindings = None  # onnxruntime's own device memory with them
+        self._session = self._bindings = None
         for buf in (*self._dev_in.values(), *self._dev_out.values(),
                     *(b for s in self._state for b in s.values())):
             buf.close()
@@ -146,25 +209,3 @@ class OrtCudaGraph:
             pinned.close()
         self.rings.close()
         self._positions.close()
-        if self._own_stream:
-            self.stream.close()
-
-    def reset(self) -> None:
-        for s in self.entry.state:
-            buf = self._state[self._turn][s.name]
-            if s.init == 0.0:
-                fill_zero(buf.ptr, buf.nbytes, self.stream)
-            else:
-                init = np.full(s.shape, s.init, np.dtype(s.dtype))
-                copy_to_device(buf.ptr, init, self.stream)
-        self._positions.reset()
-        self.stream.synchronize()
-
-    def state(self) -> dict[str, np.ndarray]:
-        """The current state, KV rings included, as host arrays (a copy)."""
-        return download_state(self.entry, self._state[self._turn], self.rings, self.stream)
-
-    def set_state(self, arrays: dict[str, np.ndarray]) -> None:
-        """Replaces the whole state, rings included (e.g. one saved with `state()`)."""
-        upload_state(check_state(self.entry, arrays), self._state[self._turn], self.rings,
-                     self._positions, self.stream)

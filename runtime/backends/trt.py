@@ -1,4 +1,6 @@
-"""One graph as a native TensorRT engine, with every buffer on the device.
+"""One graph as a native TensorRT engine, with every buffer on the device: the deserialised
+engine, shared read-only by every conversation on the model (`TrtEngine`), and one
+conversation batch's execution context and buffers (`TrtGraph`, from `bind()`).
 
 The same surface as `OrtGraph`: `inputs` / `outputs` are host arrays (write the former, call
 `run()`, read the latter; run() also writes the new K/V rows into the rings), `reset()`,
@@ -30,8 +32,8 @@ from personaplex_edge.manifest import GraphEntry, Manifest
 
 from .cuda_runtime import (CudaError, DeviceBuffer, PinnedArray, Stream, call, copy_to_device,
                            copy_to_host, device_info, fill_zero)
-from .device_rings import ALIGN, DeviceRings, RingPositions, download_state, upload_state
-from .state import check_state, copy_input, host_dtype
+from .device_rings import ALIGN, DeviceRings, DeviceStore, RingPositions
+from .state import BoundGraph, host_dtype
 from .trt_engine import check_compatible, check_engine_file, engine_spec
 
 # TensorRT DataType names -> manifest dtypes
@@ -55,22 +57,22 @@ def _nbytes(shape, dtype: str) -> int:
     return int(np.prod(shape, dtype=np.int64)) * host_dtype(dtype).itemsize
 
 
-class TrtGraph:
-    """A graph of a model directory as a TensorRT engine (see the module docstring)."""
+class TrtEngine:
+    """A graph of a model directory as a deserialised TensorRT engine, refused before loading
+    where it was built for another TensorRT or GPU (see trt_engine.py)."""
 
     def __init__(self, model_dir: str | Path, manifest: Manifest, entry: GraphEntry,
-                 stream: Stream | None = None, device: int = 0):
+                 device: int = 0):
         trt = import_tensorrt()
         self.entry = entry
-        self.device = "cuda"
+        self.device_index = device
         model_dir = Path(model_dir)
         info = device_info(device)
         spec = engine_spec(model_dir, entry)
-        check_compatible(spec, trt.__version__, info.compute_capability, info.name, model_dir)
+        check_compatible(spec, trt.__version__, info.compute_capability, info.name, model_dir,
+                         device_memory=info.total_memory)
         path = check_engine_file(model_dir, spec)  # load_model_dir has checked its sha256
         call("cudaSetDevice", device)
-        self.stream = stream or Stream()
-        self._own_stream = stream is None
         self._logger = trt.Logger(trt.Logger.WARNING)
         self._runtime = trt.Runtime(self._logger)
         self.engine = self._runtime.deserialize_cuda_engine(path.read_bytes())
@@ -78,36 +80,7 @@ class TrtGraph:
             raise ModelDirError(f"TensorRT could not load {path} (see its log above); rebuild "
                                 "the engines on this machine")
         self._check_signature()
-        self.context = self.engine.create_execution_context()
 
-        self._pinned_in = {t.name: PinnedArray(t.shape, host_dtype(t.dtype))
-                           for t in entry.inputs}
-        self._pinned_out = {t.name: PinnedArray(t.shape, host_dtype(t.dtype))
-                            for t in entry.outputs}
-        self.inputs = {n: p.array for n, p in self._pinned_in.items()}
-        self.outputs = {n: p.array for n, p in self._pinned_out.items()}
-        self._dev_in = {t.name: DeviceBuffer(_nbytes(t.shape, t.dtype)) for t in entry.inputs}
-        self._dev_out = {t.name: DeviceBuffer(_nbytes(t.shape, t.dtype)) for t in entry.outputs}
-        self._linked: dict[str, int] = {}  # input -> device address of another graph's output
-        self._state = [{s.name: DeviceBuffer(_nbytes(s.shape, s.dtype)) for s in entry.state}
-                       for _ in range(2)]
-        # pinned initial values for state whose init is not zero (zero is a memset)
-        self._state_init = {}
-        for s in entry.state:
-            if s.init != 0.0:
-                pinned = PinnedArray(s.shape, host_dtype(s.dtype))
-                pinned.array[...] = s.init
-                self._state_init[s.name] = pinned
-        self.rings = DeviceRings(entry.rings, self.stream)
-        self._positions = RingPositions(entry, self.inputs, host_dtype)
-        for name, buf in (*self._dev_in.items(), *self._dev_out.items()):
-            self._set_address(name, buf.ptr)
-        for name, ptr in (*self.rings.ring_ptr.items(), *self.rings.row_ptr.items()):
-            self._set_address(name, ptr)
-        self._turn = 0
-        self.reset()
-
-    # -- setup --------------------------------------------------------------------------------
     def _check_signature(self) -> None:
         """The engine's tensors must be exactly what the manifest promises: the same names,
         each an input or an output as promised, with the same shape and dtype."""
@@ -139,12 +112,68 @@ class TrtGraph:
             if self.engine.get_tensor_location(name) != trt.TensorLocation.DEVICE:
                 on_host.append(name)
         problems = [f"{n}: manifest {want.get(n)}, engine {have.get(n)}"
-                    for n in sorted(set(want) | set(have)) if want.get(n) != have.get(n)]
+                    for n in sorted(set(want) | set(have)) if not _agrees(want.get(n), have.get(n))]
         problems += [f"{n}: TensorRT keeps it in host memory (a shape input); every tensor of "
                      "these graphs must be on the device" for n in on_host]
         if problems:
             raise ModelDirError(f"the engine of {e.file} disagrees with the manifest; rebuild "
                                 "the engines:\n  " + "\n  ".join(problems[:10]))
+
+    def bind(self, stream: Stream | None = None) -> "TrtGraph":
+        return TrtGraph(self, stream)
+
+    def close(self) -> None:
+        self.engine = None
+
+
+def _agrees(want, have) -> bool:
+    """As in ort.py: a dynamic engine dimension (-1) takes the manifest's size."""
+    if want is None or have is None:
+        return want == have
+    return (want[0] == have[0] and want[2] == have[2] and len(want[1]) == len(have[1])
+            and all(h == -1 or h == w for w, h in zip(want[1], have[1])))
+
+
+class TrtGraph(BoundGraph):
+    """One conversation batch on an engine (see the module docstring)."""
+
+    def __init__(self, graph: TrtEngine, stream: Stream | None = None):
+        entry = self.entry = graph.entry
+        self.graph = graph
+        self.device = "cuda"
+        self.batch = entry.inputs[0].shape[0]
+        call("cudaSetDevice", graph.device_index)
+        self.stream = stream or Stream()
+        self._own_stream = stream is None
+        self.context = graph.engine.create_execution_context()
+        for t in entry.inputs:  # fixes any dynamic dimension at the manifest's size
+            if -1 in tuple(graph.engine.get_tensor_shape(t.name)):
+                self.context.set_input_shape(t.name, tuple(t.shape))
+
+        self._pinned_in = {t.name: PinnedArray(t.shape, host_dtype(t.dtype))
+                           for t in entry.inputs}
+        self._pinned_out = {t.name: PinnedArray(t.shape, host_dtype(t.dtype))
+                            for t in entry.outputs}
+        self.inputs = {n: p.array for n, p in self._pinned_in.items()}
+        self.outputs = {n: p.array for n, p in self._pinned_out.items()}
+        self._dev_in = {t.name: DeviceBuffer(_nbytes(t.shape, t.dtype)) for t in entry.inputs}
+        self._dev_out = {t.name: DeviceBuffer(_nbytes(t.shape, t.dtype)) for t in entry.outputs}
+        self._linked: dict[str, int] = {}  # input -> device address of another graph's output
+        self._state = [{s.name: DeviceBuffer(_nbytes(s.shape, s.dtype)) for s in entry.state}
+                       for _ in range(2)]
+        self._stores = [{s.name: DeviceStore(st[s.name].ptr, s.shape, s.dtype, self.stream)
+                         for s in entry.state} for st in self._state]
+        self.rings = DeviceRings(entry.rings, self.stream)
+        self._ring_stores = {r.input_name: DeviceStore(self.rings.ring_ptr[r.input_name],
+                                                       r.shape, r.dtype, self.stream)
+                             for r in entry.rings}
+        self._positions = RingPositions(entry, self.inputs, host_dtype)
+        for name, buf in (*self._dev_in.items(), *self._dev_out.items()):
+            self._set_address(name, buf.ptr)
+        for name, ptr in (*self.rings.ring_ptr.items(), *self.rings.row_ptr.items()):
+            self._set_address(name, ptr)
+        self._turn = 0
+        self.reset()
 
     def _set_address(self, name: str, ptr: int) -> None:
         if ptr % ALIGN:  # setTensorAddress requires it; a misaligned one may fault in a kernel
@@ -166,11 +195,12 @@ class TrtGraph:
         self._set_address(name, self._linked[name])
 
     # -- per call -------------------------------------------------------------------------------
-    def enqueue(self, flip: bool = True, rings: bool = True) -> None:
+    def enqueue(self, rings: bool = True, active: list[int] | None = None) -> None:
         """Queues one run on the stream: inputs to the device, the engine, the new K/V rows into
-        the rings, outputs back. Returns at once; `stream.synchronize()` (or `run()`) waits.
-        A CUDA graph capture passes rings=False: the slot moves every frame, so the ring write
-        is queued after each replay instead (CapturedSequence does it)."""
+        the rings (of the `active` rows; None: all), outputs back. Returns at once;
+        `stream.synchronize()` waits. Does not flip the state parity (run() and
+        CapturedSequence do). A CUDA graph capture passes rings=False: the slot moves every
+        frame, so the ring write is queued after each replay instead (CapturedSequence)."""
         positions = self._positions.now()  # before the call, as the spec says
         for name, pinned in self._pinned_in.items():
             if name not in self._linked:
@@ -182,43 +212,20 @@ class TrtGraph:
         if not self.context.execute_async_v3(self.stream.handle):
             raise CudaError(f"TensorRT could not run {self.entry.file} (see its log above)")
         if rings:
-            self.rings.write(positions, self.stream)
+            self.rings.write(positions, self.stream, active)
         for name, pinned in self._pinned_out.items():
             copy_to_host(pinned.array, self._dev_out[name].ptr, self.stream, pinned.ptr)
         self._positions.after_run({n: b.ptr for n, b in write.items()}, self.stream)
-        if flip:
-            self._turn = 1 - self._turn
 
-    def run(self) -> dict[str, np.ndarray]:
-        """One call, K/V rows written into the rings; waits for it."""
-        self.enqueue()
-        self.stream.synchronize()
-        return self.outputs
-
-    def reset(self) -> None:
-        """Back to the initial state, in place. Ring slots not written since are masked."""
-        for s in self.entry.state:
-            buf = self._state[self._turn][s.name]
-            if s.name in self._state_init:
-                pinned = self._state_init[s.name]
-                copy_to_device(buf.ptr, pinned.array, self.stream, pinned.ptr)
-            else:
-                fill_zero(buf.ptr, buf.nbytes, self.stream)
-        self._positions.reset()
+    def _call(self, active: list[int] | None) -> None:
+        if self.context is None:
+            raise ModelDirError(f"{self.entry.file}: this graph was closed")
+        self.enqueue(active=active)
         self.stream.synchronize()
 
-    def state(self) -> dict[str, np.ndarray]:
-        """The current state, KV rings included, as host arrays (a copy; to save a stream, or
-        for inspection and tests)."""
-        return download_state(self.entry, self._state[self._turn], self.rings, self.stream)
-
-    def set_state(self, arrays: dict[str, np.ndarray]) -> None:
-        """Replaces the whole state, rings included (e.g. one saved with `state()`)."""
-        upload_state(check_state(self.entry, arrays), self._state[self._turn], self.rings,
-                     self._positions, self.stream)
-
-    def set_input(self, name: str, value: np.ndarray) -> None:
-        copy_input(self.entry.file, self.inputs, name, value)
+    def _positions_changed(self) -> None:
+        self._positions.sync({n: b.ptr for n, b in self._state[self._turn].items()},
+                             self.stream)
 
     def close(self) -> None:
         """Frees the device memory now (otherwise when the graph is collected); pinned host
@@ -227,11 +234,10 @@ class TrtGraph:
         for buf in (*self._dev_in.values(), *self._dev_out.values(),
                     *(b for s in self._state for b in s.values())):
             buf.close()
-        for pinned in (*self._pinned_in.values(), *self._pinned_out.values(),
-                       *self._state_init.values()):
+        for pinned in (*self._pinned_in.values(), *self._pinned_out.values()):
             pinned.close()
         self.rings.close()
         self._positions.close()
-        self.context = self.engine = None
+        self.context = None
         if self._own_stream:
             self.stream.close()

@@ -2,7 +2,9 @@
 
 A serialized engine only runs with the TensorRT version that built it and on GPUs of the compute
 capability it was built on; loaded elsewhere, TensorRT fails with an opaque deserialisation
-error, or worse, picks kernels the GPU lacks. So every engine carries an `EngineSpec` (in the
+error, or worse, picks kernels the GPU lacks. Within one compute capability its kernels were
+still chosen by timing on one GPU model (H100 and H200 share 9.0 but not their memory), so the
+GPU's name and memory size are compared too. So every engine carries an `EngineSpec` (in the
 manifest's graph entry, key "engine"; load_model_dir checks the engine file's sha256 like every
 other file's), and the runtime compares it with the machine before it deserialises anything.
 """
@@ -15,8 +17,7 @@ from personaplex_edge.contract import EngineSpec
 from personaplex_edge.errors import ModelDirError
 from personaplex_edge.manifest import GraphEntry
 
-REBUILD = ("rebuild the engines on this machine: python -m personaplex_edge.export."
-           "tensorrt_build --model {model_dir}")
+REBUILD = "rebuild the engines on this machine: personaplex-edge engines --model {model_dir}"
 
 
 def engine_spec(model_dir: str | Path, entry: GraphEntry) -> EngineSpec:
@@ -28,9 +29,23 @@ def engine_spec(model_dir: str | Path, entry: GraphEntry) -> EngineSpec:
     return data if isinstance(data, EngineSpec) else EngineSpec.from_dict(data)
 
 
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.0f} GiB" if nbytes else "memory not recorded"
+
+
+def _memory_differs(built: int, here: int) -> bool:
+    """Another memory size, where both are known. Cards of one model report the same figure;
+    the 1/16 margin absorbs the few MB a board's firmware may reserve differently, and still
+    tells 40 from 80 GB, 80 from 141 GB, or a 32 from a 64 GB Jetson."""
+    return bool(built and here) and abs(built - here) > max(built, here) / 16
+
+
 def check_compatible(spec: EngineSpec, tensorrt_version: str, compute_capability: str,
-                     device_name: str, model_dir: str | Path) -> None:
-    """Raises ModelDirError unless the engine was built by this TensorRT for this GPU type."""
+                     device_name: str, model_dir: str | Path, device_memory: int = 0) -> None:
+    """Raises ModelDirError unless the engine was built by this TensorRT for this GPU model:
+    the same compute capability is not enough (H100 and H200 share 9.0, but the kernels timed
+    on one are not the best on the other), so the GPU's name and, where recorded, its memory
+    size must agree too."""
     problems = []
     if spec.tensorrt_version != tensorrt_version:
         problems.append(f"TensorRT {spec.tensorrt_version} built it, this is {tensorrt_version}")
@@ -38,6 +53,11 @@ def check_compatible(spec: EngineSpec, tensorrt_version: str, compute_capability
         problems.append(f"it was built for compute capability {spec.compute_capability} "
                         f"({spec.device_name}), this GPU is {compute_capability} "
                         f"({device_name})")
+    elif spec.device_name not in ("?", device_name) or _memory_differs(spec.device_memory,
+                                                                       device_memory):
+        problems.append(f"it was built on a {spec.device_name} ({_gib(spec.device_memory)}), "
+                        f"this is a {device_name} ({_gib(device_memory)}): the same compute "
+                        "capability, but its kernels were chosen by timing on the other GPU")
     if problems:
         raise ModelDirError(f"{model_dir}/{spec.file} cannot run here: " + "; ".join(problems)
                             + ". " + REBUILD.format(model_dir=model_dir)[0].upper()

@@ -1,6 +1,6 @@
 """The conversation end to end against the reference's own streaming pipeline (moshi's Mimi
-encode -> LMGen step -> Mimi decode) on the same random weights and audio, and the offline
-`run` command as a user runs it."""
+encode -> LMGen step -> Mimi decode) on the same random weights and audio, several
+conversations sharing one loaded model, and the offline `run` command as a user runs it."""
 
 from __future__ import annotations
 
@@ -23,7 +23,9 @@ from personaplex_edge.cli import main
 from personaplex_edge.export.hub import CONFIG_FILE, MIMI_FILE, TOKENIZER_FILE, resolve_checkpoint
 from personaplex_edge.export.model_export import export_model
 from personaplex_edge.export.synthetic import train_tokenizer
-from personaplex_edge.runtime.session import SamplingParams, Session
+from personaplex_edge.runtime.model import Model
+from personaplex_edge.runtime.persona import Persona
+from personaplex_edge.runtime.sampling import SamplingParams
 
 FRAMES = 64  # > the tiny context (40): the KV ring wraps
 
@@ -64,56 +66,161 @@ def test_greedy_conversation_matches_the_reference_pipeline(tiny_full_model, tin
     pcm, (ref_tokens, ref_audio) = tie_free(
         lambda x: reference_pipeline(tiny_mimi_ref, lm_bundle().ref, x, 1920),
         lambda seed: _speech(FRAMES, seed))
-    session = Session.load(tiny_full_model, SamplingParams(greedy=True), device="cpu")
+    model = Model.load(tiny_full_model, device="cpu")
+    conv = model.open_conversation(SamplingParams(greedy=True), Persona(enabled=False))
     out = np.empty_like(pcm)
     for i in range(FRAMES):
-        audio, text = session.step(pcm[i * 1920:(i + 1) * 1920])
+        audio, text = conv.step(pcm[i * 1920:(i + 1) * 1920])
         out[i * 1920:(i + 1) * 1920] = audio
         if ref_tokens[i] is None:
-            assert session.last_frame is None and text is None, f"frame {i}"
+            assert conv.last_frame is None and text is None, f"frame {i}"
         else:
-            np.testing.assert_array_equal(session.last_frame, ref_tokens[i], err_msg=f"frame {i}")
+            np.testing.assert_array_equal(conv.last_frame, ref_tokens[i], err_msg=f"frame {i}")
             assert text == ref_tokens[i][0]
     assert sum(t is not None for t in ref_tokens) == FRAMES - 1
     assert len({int(t[1]) for t in ref_tokens[1:]}) > 3  # the agent's cb0 actually varies
     np.testing.assert_allclose(out, ref_audio, atol=1e-4)
 
 
-def test_prefill_then_steps_are_deterministic_and_reset_repeats(demo_model_dir):
+PROMPT = "You are a helpful robot."
+
+
+def _run(conv, pcm: np.ndarray) -> np.ndarray:
+    return np.concatenate([conv.step(pcm[i * 1920:(i + 1) * 1920])[0].copy()
+                           for i in range(pcm.shape[0] // 1920)])
+
+
+def test_prefill_then_steps_are_deterministic_and_restart_repeats(demo_model_dir):
     pcm = _speech(20, seed=2)
-    session = Session.load(demo_model_dir, SamplingParams(seed=11), device="cpu")
+    model = Model.load(demo_model_dir, device="cpu")
+    conv = model.open_conversation(SamplingParams(seed=11), Persona(text_prompt=PROMPT))
 
     def conversation():
-        frames = session.prefill("You are a helpful robot.")
-        assert frames == 12 + len(session.prompt_frames("You are a helpful robot.")) - 12
-        out = [session.step(pcm[i * 1920:(i + 1) * 1920])[0].copy() for i in range(20)]
-        return np.concatenate(out), session.position
+        frames = conv.prefill()
+        tokens = model.text.encode(f"<system> {PROMPT} <system>")
+        # NATF2: 8 stored embeddings and the column of its token cache; silences; the text
+        assert frames == 8 + 1 + 6 + len(tokens) + 6
+        return _run(conv, pcm), conv.position
 
     first, pos = conversation()
     again, pos_again = conversation()
     np.testing.assert_array_equal(first, again)
-    assert pos == pos_again == frames_of(session) + 20
-    session.set_sampling(SamplingParams(seed=12))
+    assert pos == pos_again
+    conv.restart(SamplingParams(seed=12))
     other, _ = conversation()
     assert not np.array_equal(first, other)
 
 
-def test_a_closed_session_refuses_to_run(demo_model_dir):
-    with Session.load(demo_model_dir, device="cpu") as session:
-        session.step(np.zeros(1920, np.float32))
-    with pytest.raises(Exception, match="session was closed"):
-        session.step(np.zeros(1920, np.float32))
-    assert session.helium.session is None  # onnxruntime's session let go
+def test_conversations_sharing_a_model_interleaved_equal_each_alone(demo_model_dir):
+    """Three conversations on one loaded model, stepped in turn: each gives exactly what it
+    gives alone (greedy and sampled), and the model's sessions are not duplicated."""
+    pcm = {k: _speech(24, seed=20 + k) for k in range(3)}
+    settings = [(SamplingParams(greedy=True), Persona(text_prompt=PROMPT)),
+                (SamplingParams(seed=3), Persona(text_prompt="Be brief.", voice="NATM1")),
+                (SamplingParams(seed=4), Persona(enabled=False))]
+    model = Model.load(demo_model_dir, device="cpu")
+    alone = []
+    for (sampling, persona), k in zip(settings, pcm):
+        with model.open_conversation(sampling, persona) as conv:
+            conv.prefill()
+            alone.append(_run(conv, pcm[k]))
+    sessions = {id(g.session) for g in model.graphs.values()}
+    convs = [model.open_conversation(s, p) for s, p in settings]
+    for conv in convs:
+        conv.prefill()
+    outs = [[] for _ in convs]
+    for i in range(24):
+        for k, conv in enumerate(convs):
+            outs[k].append(conv.step(pcm[k][i * 1920:(i + 1) * 1920])[0].copy())
+    for k in range(3):
+        np.testing.assert_array_equal(np.concatenate(outs[k]), alone[k], err_msg=f"conv {k}")
+    assert len({id(c.group) for c in convs}) == 3  # batch-1 model: a row each
+    assert {id(g.session) for g in model.graphs.values()} == sessions  # loaded once
+    assert not np.array_equal(alone[1], alone[2])
 
 
-def frames_of(session) -> int:
-    return len(session.prompt_frames("You are a helpful robot."))
+def test_two_threads_stepping_two_conversations_equal_each_alone(demo_model_dir):
+    import threading
+
+    pcm = [_speech(30, seed=40), _speech(30, seed=41)]
+    model = Model.load(demo_model_dir, device="cpu")
+    sampling = [SamplingParams(seed=8), SamplingParams(greedy=True)]
+    alone = []
+    for k in range(2):
+        with model.open_conversation(sampling[k], Persona(text_prompt=PROMPT)) as conv:
+            conv.prefill()
+            alone.append(_run(conv, pcm[k]))
+    convs = [model.open_conversation(sampling[k], Persona(text_prompt=PROMPT)) for k in range(2)]
+    for conv in convs:
+        conv.prefill()
+    results: list = [None, None]
+    start = threading.Barrier(2)
+
+    def worker(k):
+        start.wait()
+        results[k] = _run(convs[k], pcm[k])
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k in range(2):
+        np.testing.assert_array_equal(results[k], alone[k], err_msg=f"thread {k}")
+
+
+def test_a_cached_persona_continues_exactly_as_a_fresh_prefill(demo_model_dir, tmp_path):
+    """The second conversation with a persona restores it from the cache (no prefill) and then
+    answers bit for bit as one that prefilled; on disk, a damaged file is ignored and rebuilt."""
+    from personaplex_edge.runtime.persona import PersonaCache
+
+    pcm = _speech(20, seed=7)
+    persona = Persona(text_prompt=PROMPT, voice="NATM1")
+    notes = []
+    cache = PersonaCache(directory=tmp_path / "cache", progress=notes.append)
+    model = Model(demo_model_dir, Model.load(demo_model_dir, device="cpu").manifest, "cpu",
+                  persona_cache=cache)
+    outs = []
+    for _ in range(2):
+        with model.open_conversation(SamplingParams(seed=5), persona) as conv:
+            frames = conv.prefill()
+            outs.append((conv.persona_cached, _run(conv, pcm)))
+    assert [cached for cached, _ in outs] == [False, True] and len(cache) == 1
+    np.testing.assert_array_equal(outs[0][1], outs[1][1])
+    # a new process: from disk
+    again = Model(demo_model_dir, model.manifest, "cpu",
+                  persona_cache=PersonaCache(directory=tmp_path / "cache"))
+    with again.open_conversation(SamplingParams(seed=5), persona) as conv:
+        assert conv.prefill() == frames and conv.persona_cached
+        np.testing.assert_array_equal(_run(conv, pcm), outs[0][1])
+    # damaged on disk: one line, then rebuilt by a fresh prefill
+    (path,) = (tmp_path / "cache").glob("persona-*.npz")
+    path.write_bytes(path.read_bytes()[:-100])
+    third = Model(demo_model_dir, model.manifest, "cpu",
+                  persona_cache=PersonaCache(directory=tmp_path / "cache", progress=notes.append))
+    with third.open_conversation(SamplingParams(seed=5), persona) as conv:
+        conv.prefill()
+        assert not conv.persona_cached
+        np.testing.assert_array_equal(_run(conv, pcm), outs[0][1])
+    assert len(notes) == 1 and "ignoring" in notes[0]
+
+
+def test_a_closed_conversation_refuses_to_run(demo_model_dir):
+    model = Model.load(demo_model_dir, device="cpu")
+    with model.open_conversation(persona=Persona(enabled=False)) as conv:
+        conv.step(np.zeros(1920, np.float32))
+    with pytest.raises(Exception, match="conversation was closed"):
+        conv.step(np.zeros(1920, np.float32))
+    assert model.open_conversations == 0
+    model.close()
+    assert all(g.session is None for g in model.graphs.values())  # onnxruntime's sessions go
 
 
 def test_prompt_longer_than_the_context_is_refused(tiny_full_model):
-    session = Session.load(tiny_full_model, device="cpu")  # context 40 frames
+    model = Model.load(tiny_full_model, device="cpu")  # context 40 frames
+    conv = model.open_conversation(persona=Persona(text_prompt="word " * 60))
     with pytest.raises(Exception, match="more than this model's context of 40 frames"):
-        session.prefill("word " * 60)
+        conv.prefill()
 
 
 def _write_input(tmp_path, seconds=2.0, rate=16000):
@@ -207,19 +314,19 @@ def test_run_errors_are_one_message_and_leave_no_output(case, tiny_full_model, t
 def test_voice_from_the_bank_and_from_a_recording(demo_model_dir, tmp_path):
     """A bank voice replays its stored embeddings; a recording is loudness-normalised and
     Mimi-encoded into forced agent frames. Each changes the conversation."""
-    from personaplex_edge.runtime.persona import Persona, start_session
-
     pcm = _speech(12, seed=4)
     src = tmp_path / "voice.wav"
     sf.write(src, 0.05 * _speech(30, seed=5), 24000)  # quiet: normalisation must lift it
     outputs = {}
+    model = Model.load(demo_model_dir, device="cpu")
     for voice in ("NATF2", "NATM1", str(src)):
-        session = start_session(demo_model_dir, Persona(text_prompt="hi", voice=voice),
-                                SamplingParams(greedy=True), device="cpu", progress=lambda s: None)
-        outputs[voice] = (np.concatenate([session.step(pcm[i * 1920:(i + 1) * 1920])[0].copy()
-                                          for i in range(12)]), session.position)
+        conv = model.open_conversation(SamplingParams(greedy=True),
+                                       Persona(text_prompt="hi", voice=voice))
+        conv.prefill()
+        outputs[voice] = (_run(conv, pcm), conv.position)
         # the stored embeddings feed the prompt frames only: live frames add nothing
-        assert not np.any(session.helium.inputs["extra_embedding"]), voice
+        assert not np.any(conv.group.helium.inputs["extra_embedding"]), voice
+        conv.close()
     assert outputs[str(src)][1] > outputs["NATF2"][1]  # 30 recorded frames vs 8 stored ones
     assert not np.array_equal(outputs["NATF2"][0], outputs["NATM1"][0])
     assert not np.array_equal(outputs["NATF2"][0], outputs[str(src)][0])

@@ -1,0 +1,217 @@
+"""B conversations stepped together: one call of each graph per 80 ms tick for every row of a
+batch-B model, so a bandwidth-bound GPU reads the weights once for B conversations.
+
+A `Lockstep` owns one bound set of the four graphs (batch B) and, per row, what a conversation
+needs beside them: its token ring (personaplex_edge.streams.TokenRing, Moshi's schedule), its
+sampling noise, its temperatures and top-k (graph inputs per row). Rows join and leave between
+ticks. A tick steps the rows that brought a frame (`tick({row: pcm})`); the others are held:
+their state is put back and their KV rows are not written, so a conversation's output depends
+on its own audio only, whichever rows shared its ticks. A batch-1 model is the same thing with
+one row.
+
+Per tick (rows stepped: A):
+
+    encode      Mimi encoder: each row's 1920 samples -> 8 codes, into its token ring
+    temporal    Helium on each row's complete column, at each row's own position -> text
+                token, hidden, the new K/V rows (written at each row's slot)
+    depformer   hidden + text token -> the agent's 8 codes (on the device, for TensorRT)
+    decode      Mimi decoder on the rows whose agent frame is complete -> 1920 samples
+
+`step_many` runs one tick per lockstep group for any set of conversations.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Mapping
+
+import numpy as np
+
+from personaplex_edge.contract import (AUDIO_NOISE, AUDIO_TEMPERATURE, AUDIO_TOKENS, AUDIO_TOP_K,
+                                       CODES, DEPFORMER_STEP, EXTRA_EMBEDDING, HELIUM_STEP,
+                                       HIDDEN, MIMI_DECODER, MIMI_ENCODER, PCM, POSITION,
+                                       TEXT_NOISE, TEXT_TEMPERATURE, TEXT_TOKEN, TEXT_TOP_K,
+                                       TOKENS)
+from personaplex_edge.errors import PersonaPlexError
+from personaplex_edge.streams import AGENT_FIRST, TEXT_STREAM, USER_FIRST, TokenRing
+
+from .lm_frame import lm_frame
+from .metrics import FrameMetrics
+from .prompts import Prefill
+from .sampling import RowNoise, SamplingParams
+
+if TYPE_CHECKING:
+    from .conversation import Conversation
+    from .model import Model
+
+
+class Lockstep:
+    """One batch of rows on a model (see the module docstring). Not used directly: a Model
+    opens conversations on free rows."""
+
+    def __init__(self, model: "Model"):
+        g = model.graphs
+        self.model = model
+        self.encoder = g[MIMI_ENCODER].bind()
+        self.decoder = g[MIMI_DECODER].bind()
+        self.lm = lm_frame(g[HELIUM_STEP], g[DEPFORMER_STEP])
+        self.helium, self.depformer = self.lm.helium, self.lm.depformer
+        self.batch = self.helium.batch
+        if {self.encoder.batch, self.decoder.batch, self.depformer.batch} != {self.batch}:
+            raise PersonaPlexError(f"{model.model_dir}: the graphs disagree on the batch size; "
+                                   "export the model again")
+        self._h, self._d = self.helium.inputs, self.depformer.inputs
+        self.rings = [TokenRing(model.config) for _ in range(self.batch)]
+        self.noise: list[RowNoise | None] = [None] * self.batch
+        self.members: list["Conversation | None"] = [None] * self.batch
+        self._extra_set = np.ones(self.batch, bool)  # the row's extra embedding may be non-zero
+        self.metrics = FrameMetrics()  # per tick
+        self.lock = threading.RLock()  # one tick (or prefill) at a time on these buffers
+        self._silence = np.zeros(model.frame_size, np.float32)
+
+    # -- rows ---------------------------------------------------------------------------------
+    def free_row(self) -> int | None:
+        return next((b for b, m in enumerate(self.members) if m is None), None)
+
+    @property
+    def occupied(self) -> int:
+        return sum(m is not None for m in self.members)
+
+    def join(self, conversation: "Conversation", sampling: SamplingParams) -> int:
+        """Gives `conversation` a free row, in its initial state."""
+        row = self.free_row()
+        if row is None:
+            raise PersonaPlexError("this lockstep batch is full")
+        self.members[row] = conversation
+        self.reset_row(row)
+        self.set_sampling(row, sampling)
+        return row
+
+    def leave(self, row: int) -> None:
+        self.members[row] = None
+        self.noise[row] = None
+
+    def reset_row(self, row: int) -> None:
+        """A fresh conversation in `row`: codec state and token ring back to the start (the KV
+        rings need nothing: their slots are masked by position)."""
+        self.encoder.reset([row])
+        self.decoder.reset([row])
+        self.rings[row].reset()
+        self._set_extra(row, None)
+
+    def set_sampling(self, row: int, sampling: SamplingParams) -> None:
+        sampling.check(self._h[TEXT_NOISE].shape[-1], self._d[AUDIO_NOISE].shape[-1])
+        self._h[TEXT_TEMPERATURE][row] = sampling.temp_text
+        self._h[TEXT_TOP_K][row] = sampling.top_k_text
+        self._d[AUDIO_TEMPERATURE][row] = sampling.temp
+        self._d[AUDIO_TOP_K][row] = sampling.top_k
+        self.noise[row] = RowNoise(sampling, self._h[TEXT_NOISE][row], self._d[AUDIO_NOISE][row])
+
+    def _set_extra(self, row: int, extra: np.ndarray | None) -> None:
+        buf = self._h[EXTRA_EMBEDDING]
+        if extra is not None:
+            buf[row] = extra.reshape(buf.shape[1:])
+            self._extra_set[row] = True
+        elif self._extra_set[row]:  # zeroed once after a voice prompt, not every frame
+            buf[row] = 0.0
+            self._extra_set[row] = False
+
+    # -- persona --------------------------------------------------------------------------------
+    def prefill_forced(self, row: int, plan: Prefill, start: int = 0) -> None:
+        """Runs the persona's teacher-forced columns start..len-2 of `plan` through Helium for
+        `row` (positions start.., the KV rows land in its ring); nothing is sampled."""
+        ring = self.rings[row]
+        for position in range(start, len(plan) - 1):
+            ring.offset = position  # the position the temporal step runs at
+            self._h[TOKENS][row] = plan.columns[position]
+            self._set_extra(row, plan.embeddings[position])
+            self._h[POSITION][row] = position
+            self.helium.run([row])
+
+    def prefill_last(self, row: int, plan: Prefill) -> None:
+        """The last prompt column runs like a live step: its text and agent codebook 0 are the
+        first sampled tokens; agent codebooks 1..7 of that column stay the forced ones."""
+        ring, slots, last = self.rings[row], self.rings[row].slots, len(plan) - 1
+        ring.offset = last
+        ring.tokens[:, :, last % slots] = plan.columns[last]
+        ring.tokens[:, :, (last + 1) % slots] = plan.pending
+        self.noise[row].fill()
+        ring.step_input(out=self._h[TOKENS][row])
+        self._set_extra(row, plan.embeddings[last])
+        self._h[POSITION][row] = last
+        text, audio = self.lm.run([row])
+        agent = audio[row].copy()  # [8]
+        agent[1:] = plan.pending[AGENT_FIRST + 1:USER_FIRST]
+        ring.write_generated(text[row:row + 1], agent[None])
+        self._set_extra(row, None)
+
+    # -- the tick -------------------------------------------------------------------------------
+    def tick(self, frames: Mapping[int, np.ndarray]) -> dict[int, tuple[np.ndarray, int | None]]:
+        """Steps the rows in `frames` (row -> pcm [1920] f32 at 24 kHz) one frame: -> row ->
+        (pcm [1920], a view valid until the row's next step; the text token of the emitted
+        frame, or None before the first complete frame)."""
+        rows = sorted(frames)
+        m = self.metrics
+        m.start_frame()
+        pcm_in = self.encoder.inputs[PCM]  # [B, 1, frame]
+        for b in rows:
+            pcm = frames[b]
+            if pcm.size != pcm_in.shape[-1]:
+                raise PersonaPlexError(f"a frame is {pcm_in.shape[-1]} samples, got {pcm.size}")
+            pcm_in[b, 0] = pcm.reshape(-1)
+        codes = self.encoder.run(rows)[CODES]  # [B, 8]
+        m.mark("encode")
+        tokens, positions = self._h[TOKENS], self._h[POSITION]
+        for b in rows:
+            ring = self.rings[b]
+            self.noise[b].fill()
+            ring.write_user(codes[b])
+            ring.step_input(out=tokens[b])
+            positions[b] = ring.position
+            self._set_extra(b, None)
+        m.mark("host")
+        text, audio = self.lm.run(rows, m)  # marks temporal and depformer
+        out_rows, codes_out = [], self.decoder.inputs[CODES]
+        emitted: dict[int, int | None] = {}
+        for b in rows:
+            ring = self.rings[b]
+            ring.write_generated(text[b:b + 1], audio[b][None])
+            frame = ring.output()  # [1, 9] or None
+            if frame is None:
+                emitted[b] = None
+                continue
+            codes_out[b] = frame[0, AGENT_FIRST:USER_FIRST]
+            emitted[b] = int(frame[0, TEXT_STREAM])
+            self.members[b].last_frame = frame[0]
+            out_rows.append(b)
+        m.mark("host")
+        pcm_out = self.decoder.run(out_rows)[PCM] if out_rows else None  # [B, 1, frame]
+        m.mark("decode")
+        m.end_frame()
+        return {b: (self._silence if emitted[b] is None else pcm_out[b, 0], emitted[b])
+                for b in rows}
+
+    def close(self) -> None:
+        for g in (self.encoder, self.decoder, self.lm):
+            g.close()
+
+
+def step_many(frames: Mapping["Conversation", np.ndarray]
+              ) -> dict["Conversation", tuple[np.ndarray, int | None]]:
+    """One frame for each conversation in `frames` (conversation -> pcm [1920] f32): one
+    lockstep tick per batch group, so conversations sharing a batch-B model's group are stepped
+    in one call of each graph. -> conversation -> (pcm [1920] view, text token or None)."""
+    groups: dict[int, tuple[Lockstep, dict[int, np.ndarray]]] = {}
+    for conv, pcm in frames.items():
+        conv.check_open()
+        groups.setdefault(id(conv.group), (conv.group, {}))[1][conv.row] = pcm
+    out: dict["Conversation", tuple[np.ndarray, int | None]] = {}
+    for group, rows in groups.values():
+        with group.lock:
+            results = group.tick(rows)
+        tick_ms = group.metrics.last()
+        for b, result in results.items():
+            conv = group.members[b]
+            conv.metrics.append(tick_ms)
+            out[conv] = result
+    return out

@@ -1,0 +1,258 @@
+"""The TensorRT engine build (runtime/backends/trt_build.py) and the `engines` command.
+
+Everything here is host-side plumbing on the simulated GPU (tests/fake_gpu.py): which calls the
+build makes of TensorRT's documented Python API, what it records, what it says, and what it
+leaves on disk when a build fails. TensorRT itself - whether it parses and builds these graphs,
+and how large its engines really are - only a GPU machine can show (scripts/gpu_check.sh).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from personaplex_edge.manifest import load_model_dir, write_manifest
+
+
+@pytest.fixture(scope="module")
+def tiny_fp32(tmp_path_factory) -> Path:
+    import fake_gpu
+
+    return fake_gpu.export_tiny(tmp_path_factory.mktemp("build"))
+
+
+@pytest.fixture
+def simulated(tiny_fp32, tmp_path, monkeypatch):
+    """A copy of the tiny model on the simulated GPU (engines recorded as built there), its
+    timing caches in tmp_path."""
+    import fake_gpu
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return fake_gpu.simulated_copy(tiny_fp32, tmp_path / "model", monkeypatch)
+
+
+def _tree(path: Path) -> dict[str, bytes]:
+    """Every file's bytes, but the hash stamps (.verified.json: a cache that checking a
+    directory refreshes)."""
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
+            if p.is_file() and p.name != ".verified.json"}
+
+
+def test_simulated_gpu_engine_build_calls_and_record(simulated, tmp_path):
+    """Host-side plumbing: build_engines through TensorRT's build API - a strongly typed
+    network, TF32 off for float32, the workspace limit, the timing cache written, reused, and
+    dropped when it was recorded on another GPU - records the GPU's name and memory and the
+    graph's weight bytes, and writes an engine the (simulated) runtime deserialises to the
+    graph it was built from."""
+    from personaplex_edge.runtime.backends.trt_build import (build_engines, default_timing_cache,
+                                                             graph_weight_bytes)
+
+    model, cuda = simulated
+    trt = sys.modules["tensorrt"]
+    cache = default_timing_cache(trt.__version__, "9.0")
+    said = []
+    manifest = build_engines(model, graphs=["helium_step", "depformer_step"],
+                             workspace_bytes=1 << 30, progress=said.append)
+    assert len(trt.builds) == 2 and cache.is_file()
+    for network, config in trt.builds:
+        assert network.flags == 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+        assert trt.BuilderFlag.TF32 not in config.flags  # float32: checked token for token
+        assert config.pools == {trt.MemoryPoolType.WORKSPACE: 1 << 30}
+        assert config.timing_cache is not None
+    spec = manifest.graphs["helium_step"].engine
+    assert spec["tensorrt_version"] == trt.__version__ and spec["compute_capability"] == "9.0"
+    assert spec["device_name"] == "Simulated GPU" and spec["device_memory"] == 80 << 30
+    weights = graph_weight_bytes(model / "helium_step.onnx")
+    assert spec["weight_bytes"] == weights.stored > 100_000  # float32 weights of the tiny LM
+    assert weights.as_float16 == weights.stored  # nothing quantised: nothing to fold
+    assert any(line.startswith("  helium_step.engine: built") and "graph weights" in line
+               for line in said), said
+    engine = trt.Runtime(None).deserialize_cuda_engine((model / spec["file"]).read_bytes())
+    assert "past_key_values.0.key" in engine.names  # helium's graph, not another
+
+    write_manifest(model, manifest)
+    cache.write_bytes(trt.Builder(None).create_builder_config().create_timing_cache(b"")
+                      .serialize().tobytes().replace(b"Simulated GPU", b"Other GPU"))
+    build_engines(model, graphs=["depformer_step"], progress=said.append)
+    assert any("recorded on another GPU" in line for line in said)
+    assert b"Simulated GPU" in cache.read_bytes()  # replaced by this GPU's
+
+
+def test_simulated_gpu_engines_are_built_at_each_graph_own_precision(tiny_fp32, tmp_path,
+                                                                     monkeypatch):
+    """Host-side plumbing: in an fp16 model with an int8 depformer, the codec's engines are
+    built as float32 (TF32 off: its codes must match the CPU's) and each engine records its
+    graph's precision."""
+    import fake_gpu
+
+    from personaplex_edge.export.precision import convert_model_dir
+    from personaplex_edge.runtime.backends.trt_build import build_engines
+
+    model = tmp_path / "mixed"
+    convert_model_dir(tiny_fp32, model, "fp16", backend="tensorrt", progress=lambda s: None,
+                      depformer_precision="int8")
+    fake_gpu.install(monkeypatch, model)
+    trt = sys.modules["tensorrt"]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    manifest = build_engines(model, progress=lambda s: None)
+    built = {name: g.engine["precision"] for name, g in manifest.graphs.items()}
+    assert built == {"mimi_encoder": "fp32", "mimi_decoder": "fp32", "helium_step": "fp16",
+                     "depformer_step": "int8"}
+    tf32 = [trt.BuilderFlag.TF32 in config.flags for _, config in trt.builds]
+    assert tf32 == [False, False, True, True]  # in manifest order: the codec first
+
+
+def test_engine_size_tells_kept_from_folded_weights():
+    from personaplex_edge.runtime.backends.trt_build import WeightBytes, weights_verdict
+
+    int4 = WeightBytes(stored=4_000_000_000, as_float16=15_000_000_000)  # a 7B-like Helium
+    assert weights_verdict(4_300_000_000, int4).endswith("weights kept quantised")
+    assert "FOLDED BACK TO FLOAT16" in weights_verdict(15_200_000_000, int4)
+    small = WeightBytes(stored=1_000_000, as_float16=3_000_000)
+    assert weights_verdict(40_000_000, small).endswith("too small to tell whether TensorRT "
+                                                       "kept them quantised")
+    assert "kept" not in weights_verdict(100, WeightBytes(50, 50))  # float: nothing to say
+
+
+def test_simulated_gpu_build_output_says_kept_or_folded(tiny_fp32, tmp_path, monkeypatch):
+    """Host-side plumbing: the build compares each engine's size with the int8 graph's weight
+    bytes and says which happened; the simulated builder makes engines of either size."""
+    import fake_gpu
+
+    from personaplex_edge.export.precision import convert_model_dir
+    from personaplex_edge.runtime.backends import trt_build
+
+    model = tmp_path / "int8"
+    convert_model_dir(tiny_fp32, model, "int8", backend="tensorrt", progress=lambda s: None)
+    fake_gpu.install(monkeypatch, model)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(trt_build, "_VERDICT_MIN_BYTES", 0)  # the tiny model's weights are KB
+    trt = sys.modules["tensorrt"]
+    weights = trt_build.graph_weight_bytes(model / "depformer_step.onnx")
+    # int8 matrices widen to fp16 (the tiny depformer is mostly fp16 embedding tables)
+    assert weights.as_float16 > 1.15 * weights.stored
+    for size, verdict in ((weights.stored, "weights kept quantised"),
+                          (weights.as_float16, "FOLDED BACK TO FLOAT16")):
+        trt.plan_padding = lambda graph, size=size: size
+        said = []
+        manifest = trt_build.build_engines(model, graphs=["depformer_step"], progress=said.append)
+        assert verdict in said[-1], said
+        assert manifest.graphs["depformer_step"].engine["weight_bytes"] == weights.stored
+        write_manifest(model, manifest)
+
+
+def test_simulated_gpu_failed_rebuild_leaves_the_old_engines_and_manifest(simulated):
+    """Host-side plumbing: `rebuild_engines` builds in a staging copy; a build that fails on
+    the second graph leaves every file of the model directory as it was and no staging
+    directory; a build that succeeds replaces the engines and the manifest in one rename."""
+    from personaplex_edge.errors import PersonaPlexError
+    from personaplex_edge.runtime.backends.trt_build import rebuild_engines
+
+    model, _ = simulated
+    trt = sys.modules["tensorrt"]
+    before = _tree(model)
+    trt.fail_builds = {"mimi_decoder.onnx"}  # the second graph in manifest order
+    with pytest.raises(PersonaPlexError, match="could not build an engine for mimi_decoder"):
+        rebuild_engines(model, progress=lambda s: None)
+    assert len(trt.builds) == 2  # the first engine was built, in the stage
+    assert _tree(model) == before
+    assert sorted(p.name for p in model.parent.iterdir()
+                  if p.name.startswith(".")) == []  # no stage or old copy left beside it
+
+    trt.fail_builds = set()
+    trt.plan_padding = lambda graph: 7  # a rebuilt engine differs from the installed one
+    manifest = rebuild_engines(model, progress=lambda s: None)
+    after = _tree(model)
+    assert after["mimi_decoder.engine"] != before["mimi_decoder.engine"]
+    assert after["helium_step.onnx.data"] == before["helium_step.onnx.data"]  # weights as they were
+    recorded = json.loads(after["manifest.json"])["graphs"]["mimi_decoder"]["engine"]
+    assert recorded == manifest.graphs["mimi_decoder"].engine
+    assert recorded["device_memory"] == 80 << 30
+    load_model_dir(model)  # every hash holds
+    assert not [p for p in model.parent.iterdir() if p.name.startswith(".")]
+
+
+def test_simulated_gpu_engines_command(simulated, capsys):
+    """Host-side plumbing: `personaplex-edge engines` rebuilds the graphs it is given and
+    refuses an unknown graph with one message and exit status 2."""
+    from personaplex_edge.cli import main
+
+    model, _ = simulated
+    trt = sys.modules["tensorrt"]
+    assert main(["engines", "--model", str(model), "--graphs", "depformer_step"]) == 0
+    assert len(trt.builds) == 1
+    out = capsys.readouterr()
+    assert "depformer_step.engine: built" in out.out and "engines for depformer_step" in out.out
+    assert main(["engines", "--model", str(model), "--graphs", "helium"]) == 2
+    err = capsys.readouterr().err
+    assert "has no graph helium; its graphs: mimi_encoder" in err and "Traceback" not in err
+
+
+def test_without_tensorrt_the_engines_command_is_one_message(tiny_fp32, capsys):
+    """No TensorRT here: one message naming the extras, exit 2, and the directory untouched."""
+    try:
+        import tensorrt  # noqa: F401
+        pytest.skip("TensorRT is installed")
+    except (ImportError, OSError):
+        pass
+    from personaplex_edge.cli import main
+
+    before = _tree(tiny_fp32)
+    assert main(["engines", "--model", str(tiny_fp32)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "personaplex-edge[trt-cu12]" in err
+    assert _tree(tiny_fp32) == before
+
+
+def test_export_hands_the_staging_directory_to_the_engine_builder(tiny_fp32, tmp_path):
+    """export_model builds no engines itself: with backend tensorrt it calls the injected
+    builder on its staging directory (the manifest it returns is the one written); without
+    one it says how to build them later. int8 for TensorRT is announced as experimental
+    before anything is written."""
+    from personaplex_edge.export.hub import resolve_checkpoint
+    from personaplex_edge.export.model_export import export_model
+
+    ckpt = resolve_checkpoint(str(tiny_fp32.parent / "ckpt"))
+    calls = []
+
+    def builder(stage, manifest, *, progress):
+        calls.append((Path(stage), manifest.backend))
+        assert not (tmp_path / "trt").exists()  # building inside the stage, not the target
+        (stage / "helium_step.engine").write_bytes(b"plan")
+        graphs = dict(manifest.graphs)
+        graphs["helium_step"] = dataclasses.replace(graphs["helium_step"], engine={
+            "file": "helium_step.engine", "sha256": "x", "tensorrt_version": "10.0",
+            "compute_capability": "9.0", "device_name": "G", "precision": "int8"})
+        return dataclasses.replace(manifest, graphs=graphs)
+
+    said = []
+    with pytest.raises(Exception, match="helium_step.engine' does not match its sha256"):
+        export_model(ckpt, tmp_path / "trt", precision="int8", backend="tensorrt",
+                     engine_builder=builder, progress=said.append)
+    assert said[0].startswith("warning: helium_step in int8 for TensorRT is experimental")
+    assert calls and calls[0][0].name.startswith(".trt.partial-") and calls[0][1] == "tensorrt"
+    assert not (tmp_path / "trt").exists()  # the export's read-back refused the bad record
+
+    said.clear()
+    export_model(ckpt, tmp_path / "graphs", precision="int4", backend="tensorrt",
+                 progress=said.append)
+    assert not [s for s in said if s.startswith("warning")]  # int4 is TensorRT's documented path
+    assert any("personaplex-edge engines --model" in s for s in said)
+    assert not list((tmp_path / "graphs").glob("*.engine"))
+
+
+def test_bf16_for_onnxruntime_is_refused_before_anything_is_written(tiny_fp32, tmp_path, capsys):
+    from personaplex_edge.cli import main
+
+    for flags in (["--precision", "bf16"], ["--precision", "int4", "--depformer-precision",
+                                             "bf16"], ["--kv-dtype", "bfloat16"]):
+        code = main(["export", "--checkpoint", str(tmp_path / "no-such-checkpoint"), "--out",
+                     str(tmp_path / "out"), *flags])
+        err = capsys.readouterr().err
+        assert code == 2 and "cannot run on onnxruntime" in err and "--backend tensorrt" in err
+        assert "fp16" in err or "float16" in err
+    assert not (tmp_path / "out").exists()
