@@ -38,12 +38,23 @@ def _is_linear(g: EditableGraph, node: onnx.NodeProto) -> bool:
             and g.inits[w].data_type == TensorProto.FLOAT)
 
 
-def _ranks(g: EditableGraph) -> dict[str, int]:
-    """The rank of every tensor shape inference can type (weights are not read)."""
-    model = onnx.shape_inference.infer_shapes(g.model)
-    return {v.name: len(v.type.tensor_type.shape.dim)
-            for v in (*model.graph.value_info, *model.graph.input, *model.graph.output)
-            if v.type.tensor_type.HasField("shape")}
+class _Ranks:
+    """The rank of a tensor, from shape inference run once, when first asked (weights are not
+    read: only graphs with a ragged int4 K need it)."""
+
+    def __init__(self, g: EditableGraph):
+        self.g, self.ranks = g, None
+
+    def __call__(self, name: str) -> int:
+        if self.ranks is None:
+            model = onnx.shape_inference.infer_shapes(self.g.model)
+            self.ranks = {v.name: len(v.type.tensor_type.shape.dim)
+                          for v in (*model.graph.value_info, *model.graph.input,
+                                    *model.graph.output)
+                          if v.type.tensor_type.HasField("shape")}
+        if name not in self.ranks:
+            raise AssertionError(f"the rank of {name} is unknown: cannot pad it")
+        return self.ranks[name]
 
 
 def _pad_last_axis(g: EditableGraph, nodes: list, x: str, rank: int, extra: int) -> str:
@@ -73,7 +84,7 @@ def _matmulnbits(g, node, plan, k, n, block, source, q_name, s_name):
         accuracy_level=plan.accuracy_level)]
 
 
-def _dequantized(g, node, plan, k, n, block, source, q_name, s_name, ranks):
+def _dequantized(g, node, plan, k, n, block, source, q_name, s_name, rank_of):
     """DequantizeLinear(q, scales) -> MatMul, the weight [K, N] (int4: [K_pad, N])."""
     import ml_dtypes
 
@@ -91,9 +102,7 @@ def _dequantized(g, node, plan, k, n, block, source, q_name, s_name, ranks):
         q_type, q_dims, s_dims = TensorProto.INT4, [k_pad, n], [n_blocks, n]
         attrs = {"axis": 0, "block_size": block}
         if k_pad != k:
-            if a not in ranks:
-                raise AssertionError(f"{node.name}: the rank of {a} is unknown, cannot pad it")
-            a = _pad_last_axis(g, nodes, a, ranks[a], k_pad - k)
+            a = _pad_last_axis(g, nodes, a, rank_of(a), k_pad - k)
     else:
         shared = SharedValue(lambda: quantize_per_channel(source(), 8), uses=2)
         q_type, q_dims, s_dims, attrs = TensorProto.INT8, [k, n], [n], {"axis": 1}
@@ -110,11 +119,7 @@ def _dequantized(g, node, plan, k, n, block, source, q_name, s_name, ranks):
 def quantize_linears(g: EditableGraph, plan: PrecisionPlan) -> int:
     """Replaces every float32 linear weight by its `plan` form (module docstring); the
     numbers are made when the graph is written. Returns how many were replaced."""
-    linears = [node for node in g.graph.node if _is_linear(g, node)]
-    needs_pad = plan.weight_format == "qdq" and plan.bits == 4 and any(
-        int(g.inits[n.input[1]].dims[0]) % block_for(int(g.inits[n.input[1]].dims[0]),
-                                                       plan.block_size) for n in linears)
-    ranks = _ranks(g) if needs_pad else {}
+    rank_of = _Ranks(g)
     nodes, count = [], 0
     for node in list(g.graph.node):
         if not _is_linear(g, node):
@@ -127,7 +132,7 @@ def quantize_linears(g: EditableGraph, plan: PrecisionPlan) -> int:
         if plan.weight_format == "matmulnbits":
             nodes += _matmulnbits(g, node, plan, k, n, block, *names)
         else:
-            nodes += _dequantized(g, node, plan, k, n, block, *names, ranks)
+            nodes += _dequantized(g, node, plan, k, n, block, *names, rank_of)
         count += 1
     g.replace_nodes(nodes)
     g.drop_unused()

@@ -201,3 +201,26 @@ def test_staged_dir_is_all_or_nothing(tmp_path):
             raise RuntimeError("export failed half-way")
     assert (target / "a.txt").read_text() == "first"  # the old directory is untouched
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no partial left behind
+
+
+def test_export_and_runtime_import_nothing_of_each_other():
+    """The arrow between the halves: export/ (torch) and runtime/ (no torch) meet only in
+    personaplex_edge/ (the contract); neither imports the other."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for room, other in (("export", "runtime"), ("runtime", "export")):
+        for path in (root / room).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom):
+                    names = [("." * node.level) + (node.module or "")]
+                elif isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                else:
+                    continue
+                for name in names:
+                    parts = name.lstrip(".").split(".")
+                    hit = (name.startswith("personaplex_edge.") and parts[1:2] == [other]) or (
+                        name.startswith("..") and parts[:1] == [other])
+                    assert not hit, f"{path.relative_to(root)} imports {name}"
