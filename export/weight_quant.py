@@ -14,7 +14,8 @@ Two storage layouts of the same numbers:
                 byte, the even row in the low nibble
         scales  [N, n_blocks]                               float32 (the type of the activations)
     DequantizeLinear (standard ONNX; TensorRT weight-only quantization, onnxruntime too):
-        int4:   x int4 [K, N], scale [ceil(K / block_size), N], axis 0, block_size (opset 21)
+        int4:   x int4 [K_pad, N] (K padded with zero rows to whole blocks), scale
+                [K_pad / block_size, N], axis 0, block_size (opset 21)
         int8:   x int8 [K, N], scale [N], axis 1 (one scale per output channel, opset 13)
 
 Torch-free (numpy only): it also serves tests and benchmarks that count bytes.
