@@ -32,6 +32,8 @@ import torch
 from torch import nn
 
 from personaplex_edge.config import PersonaPlexConfig
+from personaplex_edge.contract import (EXTRA_EMBEDDING, FRAMES_AXIS, HELIUM_STEP, KV_KINDS, TOKENS,
+                                       kv_output)
 from personaplex_edge.manifest import GraphEntry, TensorSpec
 from personaplex_edge.gumbel import gumbel_noise
 from personaplex_edge.streams import NUM_STREAMS
@@ -186,8 +188,8 @@ def sampler_k_max(k_max: int, vocab: int) -> int:
 def helium_inputs(cfg: PersonaPlexConfig, batch: int, k_max: int) -> list[TensorSpec]:
     h = cfg.temporal_config
     k_max = sampler_k_max(k_max, cfg.text_vocab_size)
-    specs = [TensorSpec("tokens", (batch, NUM_STREAMS), "int64"),
-             TensorSpec("extra_embedding", (batch, h.hidden_size), "float32"),
+    specs = [TensorSpec(TOKENS, (batch, 1, NUM_STREAMS), "int64"),  # [B, F, 17]
+             TensorSpec(EXTRA_EMBEDDING, (batch, 1, h.hidden_size), "float32"),  # [B, F, D]
              TensorSpec("position", (batch,), "int64"),
              TensorSpec("text_noise", (batch, k_max), "float32"),
              TensorSpec("text_temperature", (batch,), "float32"),
@@ -202,6 +204,22 @@ def kv_ring_specs(cfg: PersonaPlexConfig, batch: int) -> list[TensorSpec]:
     shape = (batch, h.num_attention_heads, h.max_position_embeddings, h.head_dim)
     return [TensorSpec(f"past_key_values.{i}.{kind}", shape, "float32")
             for i in range(h.num_hidden_layers) for kind in ("key", "value")]
+
+
+def frames_axes(cfg: PersonaPlexConfig) -> dict[str, dict[int, str]]:
+    """helium_step's free frames axis: the tokens and extra embedding of F frames in, F new
+    K/V rows per layer out. The manifest records the live step's F = 1."""
+    axes = {TOKENS: {1: FRAMES_AXIS}, EXTRA_EMBEDDING: {1: FRAMES_AXIS}}
+    for i in range(cfg.temporal_config.num_hidden_layers):
+        for kind in KV_KINDS:
+            axes[kv_output(i, kind)] = {2: FRAMES_AXIS}
+    return axes
+
+
+def with_frames(specs: list[TensorSpec], frames: int) -> list[TensorSpec]:
+    """helium_step's input specs for a call over `frames` frames."""
+    return [TensorSpec(s.name, (s.shape[0], frames, *s.shape[2:]), s.dtype)
+            if s.name in (TOKENS, EXTRA_EMBEDDING) else s for s in specs]
 
 
 def helium_outputs(cfg: PersonaPlexConfig) -> list[str]:
@@ -230,7 +248,7 @@ def example_inputs(specs: list[TensorSpec], cfg: PersonaPlexConfig, seed: int = 
         if s.name == "tokens":
             vocab = np.array([cfg.text_vocab_size] + [cfg.audio_vocab_size] * (NUM_STREAMS - 1))
             t = rng.integers(0, vocab + 1, size=s.shape)
-            t[:, -1] = -1  # one stream contributing nothing
+            t[..., -1] = -1  # one stream contributing nothing
             out[s.name] = t.astype(np.int64)
         elif s.name == "position":
             out[s.name] = np.full(s.shape, cfg.temporal_config.max_position_embeddings + 3, np.int64)
@@ -266,10 +284,16 @@ def export_lm_graphs(cfg: PersonaPlexConfig, checkpoint_path: str | Path, out_di
         step = (lambda *args, _fn=fn: (_fn(*args[:-1]), {}))  # no StateSpec state
         entries[name] = export_step(
             owner, step, [(s, torch.from_numpy(examples[s.name])) for s in specs], outputs, [],
-            path)
+            path, dynamic_axes=frames_axes(cfg) if name == HELIUM_STEP else None)
         if verify:
-            verify_step(path, step, examples, outputs)
+            for more in _frame_counts(name):
+                verify_step(path, step, example_inputs(with_frames(specs, more), cfg), outputs)
     return entries
+
+
+def _frame_counts(graph: str) -> tuple[int, ...]:
+    """The calls each graph is checked at: helium_step live (1 frame) and as a prefill (3)."""
+    return (1, 3) if graph == HELIUM_STEP else (1,)
 
 
 # ---- the memory-frugal export --------------------------------------------------------------------
@@ -435,13 +459,16 @@ def _export_graph(job, header: SafetensorsHeader, out_dir: Path, cfg: PersonaPle
         return fn(*args[:-1]), {}  # no StateSpec state
 
     entry = export_step(owner, traced, [(s, torch.from_numpy(examples[s.name])) for s in specs],
-                        outputs, [], path, weights=weights)
+                        outputs, [], path, weights=weights,
+                        dynamic_axes=frames_axes(cfg) if name == HELIUM_STEP else None)
     if check:
         def checked(*args):
             with streamed_weights(owner, plans, header, streamed):
                 return fn(*args[:-1]), {}
 
-        verify_step(path, checked, examples, outputs, low_memory=True)
+        for frames in _frame_counts(name):
+            verify_step(path, checked, example_inputs(with_frames(specs, frames), cfg), outputs,
+                        low_memory=True)
     return entry
 
 

@@ -90,13 +90,15 @@ class _WeightsAsInputs(nn.Module):
 @torch.no_grad()
 def export_step(owner: nn.Module, fn: Callable, inputs: Sequence[tuple[TensorSpec, torch.Tensor]],
                 outputs: Sequence[str], state: Sequence[StateSpec], path: str | Path,
-                weights: Callable[[Path], dict[str, str]] | None = None) -> GraphEntry:
+                weights: Callable[[Path], dict[str, str]] | None = None,
+                dynamic_axes: dict[str, dict[int, str]] | None = None) -> GraphEntry:
     """Traces `fn` (a method of `owner`) into `path` and returns its manifest entry.
 
     `inputs` pairs each non-state input's spec with an example tensor; `outputs` names the
     non-state outputs in the order `fn` returns them. `weights(path)`, when given, turns the
     parameter inputs of the weightless trace into external data and returns {data file: sha256};
-    parameters are then named `owner.<parameter name>`."""
+    parameters are then named `owner.<parameter name>`. `dynamic_axes` ({tensor: {axis: name}})
+    leaves those axes free in the graph (the manifest records the traced sizes)."""
     path = Path(path)
     flat = _FlatStep(owner, fn, len(inputs), state).eval()
     examples = [t for _, t in inputs] + list(initial_state(state).values())
@@ -121,7 +123,7 @@ def export_step(owner: nn.Module, fn: Callable, inputs: Sequence[tuple[TensorSpe
         # invalid graph. onnxruntime and TensorRT fold constants themselves at load.
         torch.onnx.export(flat, tuple(examples), str(path), input_names=input_names,
                           output_names=output_names, opset_version=OPSET, dynamo=False,
-                          do_constant_folding=False)
+                          do_constant_folding=False, dynamic_axes=dynamic_axes)
     data_files = {} if weights is None else dict(weights(path))
     input_names = input_names[:len(inputs) + len(state)]
     onnx.checker.check_model(str(path))

@@ -8,6 +8,7 @@ built-in model, which is exported on the spot).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -319,6 +320,24 @@ def cmd_devices(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    """The moshi/PersonaPlex WebSocket protocol and a web page, until Ctrl-C
+    (runtime/serve)."""
+    from .runtime.persona import Persona
+    from .runtime.serve import ServeOptions, serve
+
+    model_dir = resolve_model(args.model, _note)
+    return serve(ServeOptions(
+        model_dir=model_dir, model_name=args.model if not Path(args.model).is_dir()
+        else model_dir.name, host=args.host, port=args.port, max_sessions=args.max_sessions,
+        ssl_dir=Path(args.ssl) if args.ssl else None, auth_token=args.auth_token,
+        voice_dir=Path(args.voice_dir) if args.voice_dir else None, sampling=_sampling(args),
+        persona=Persona(text_prompt=args.text_prompt, voice=args.voice_prompt,
+                        enabled=not args.no_persona),
+        max_backlog=args.max_backlog_frames, device=args.device, threads=args.threads),
+        progress=_note)
+
+
 def _add_runtime_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="where the graphs run (auto: CUDA when onnxruntime-gpu can use it)")
@@ -442,6 +461,25 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--warmup", type=int, default=10)
     b.add_argument("--json", help="write the summary here too")
     b.set_defaults(func=cmd_bench)
+
+    v = sub.add_parser("serve", help="the moshi/PersonaPlex WebSocket protocol and a web page: "
+                                     "several conversations on one model")
+    _add_conversation_args(v, model_default="models/personaplex-7b-v1")
+    v.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (127.0.0.1: this machine only; 0.0.0.0: all)")
+    v.add_argument("--port", type=int, default=8998, help="port (8998, as moshi's; 0: any free)")
+    v.add_argument("--max-sessions", type=int, default=4,
+                   help="conversations at once; one more is refused as busy (README: choosing "
+                        "it from bench)")
+    v.add_argument("--ssl", metavar="DIR", help="serve https/wss with DIR/cert.pem and DIR/key.pem "
+                                               "(a browser's microphone needs it beyond localhost)")
+    v.add_argument("--auth-token", default=os.environ.get("PERSONAPLEX_AUTH_TOKEN"),
+                   help="/api/chat needs this token (?token= or Authorization: Bearer); "
+                        "default: $PERSONAPLEX_AUTH_TOKEN, which other users cannot see in ps")
+    v.add_argument("--voice-dir", help="recordings clients may name as voice_prompt, besides the "
+                                       "voice bank")
+    _add_backlog_arg(v)
+    v.set_defaults(func=cmd_serve)
 
     d = sub.add_parser("devices", help="list sound devices (for --input-device/--output-device)")
     d.set_defaults(func=cmd_devices)

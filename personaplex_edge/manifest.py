@@ -27,7 +27,10 @@ from .contract import (CODEC_GRAPHS, KV_INPUT_PREFIX, KV_OUTPUT_PREFIX, POSITION
 from .errors import ConfigError, ModelDirError
 
 FORMAT = "personaplex-edge-model"
-FORMAT_VERSION = 1
+# 2: helium_step takes F frames per call (tokens [B, F, 17]) and configs are in the seed's
+# layout; 1 (one frame per call, the earlier config layout) still loads and runs.
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
 # Remembers which files were hashed at which size and mtime, so a 16 GB model is hashed once,
 # not at every start. Deleting it forces a full check.
@@ -207,11 +210,12 @@ class Manifest:
             raise ModelDirError(f"{where} is not a personaplex-edge model manifest "
                                 f"(format {d.get('format')!r}); export one with "
                                 "'personaplex-edge export'")
-        if d.get("format_version") != FORMAT_VERSION:
+        if d.get("format_version") not in READABLE_VERSIONS:
             raise ModelDirError(
                 f"{where} was written by personaplex-edge {d.get('package_version', '?')} in "
                 f"format version {d.get('format_version')}; this is {__version__}, which reads "
-                f"version {FORMAT_VERSION}. Re-export the model with this version.")
+                f"versions {', '.join(map(str, READABLE_VERSIONS))}. Re-export the model with "
+                "this version.")
         try:
             return cls(config=PersonaPlexConfig.from_dict(d["config"], where=f"{where} config"),
                        graphs={k: GraphEntry.from_dict(

@@ -117,11 +117,33 @@ class Lockstep:
             self._extra_set[row] = False
 
     # -- persona --------------------------------------------------------------------------------
-    def prefill_forced(self, row: int, plan: Prefill, start: int = 0) -> None:
-        """Runs the persona's teacher-forced columns start..len-2 of `plan` through Helium for
-        `row` (positions start.., the KV rows land in its ring); nothing is sampled."""
+    @property
+    def framed(self) -> bool:
+        """Whether Helium here takes several frames in one call (a graph with a frames axis, on
+        a backend that binds one): the persona prefill then reads the weights once."""
+        return self._h[TOKENS].ndim == 3 and hasattr(self.helium, "run_frames")
+
+    def prefill_forced(self, row: int, plan: Prefill, frame_by_frame: bool = False) -> None:
+        """Runs the persona's teacher-forced columns 0..len-2 of `plan` through Helium for
+        `row` (positions 0.., the KV rows land in its ring); nothing is sampled. One call over
+        all the columns where the graph allows it, else (or with `frame_by_frame`) one step
+        per column, as the reference does."""
+        forced = len(plan) - 1
+        if forced < 1:
+            return
+        if self.framed and not frame_by_frame:
+            tokens = np.zeros((self.batch, forced, self._h[TOKENS].shape[-1]), np.int64)
+            extra = np.zeros((self.batch, forced, self._h[EXTRA_EMBEDDING].shape[-1]),
+                             self._h[EXTRA_EMBEDDING].dtype)  # [B, F, D]
+            tokens[row] = np.stack(plan.columns[:forced])  # [F, 17]
+            for f, e in enumerate(plan.embeddings[:forced]):
+                if e is not None:
+                    extra[row, f] = e.reshape(-1)
+            self._h[POSITION][row] = 0
+            self.helium.run_frames({TOKENS: tokens, EXTRA_EMBEDDING: extra}, [row])
+            return
         ring = self.rings[row]
-        for position in range(start, len(plan) - 1):
+        for position in range(forced):
             ring.offset = position  # the position the temporal step runs at
             self._h[TOKENS][row] = plan.columns[position]
             self._set_extra(row, plan.embeddings[position])

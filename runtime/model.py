@@ -59,7 +59,7 @@ class Model:
         self._voices: list[str] | None = None
         self._closed = False
         tokens = next(t for t in manifest.graphs[HELIUM_STEP].inputs if t.name == TOKENS)
-        if len(tokens.shape) != 2:
+        if len(tokens.shape) not in (2, 3):
             raise PersonaPlexError(f"{model_dir}: helium_step takes tokens {list(tokens.shape)}, "
                                    "which this runtime does not run; export the model again")
 

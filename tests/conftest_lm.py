@@ -118,7 +118,8 @@ class OrtLM:
     def frame(self, tokens: np.ndarray, position: int, text_noise: np.ndarray,
               audio_noise: np.ndarray, temperature=(0.7, 0.8), top_k=(25, 250)):
         h = self.cfg.temporal_config
-        feed = {"tokens": tokens, "extra_embedding": np.zeros((1, h.hidden_size), np.float32),
+        feed = {"tokens": tokens.reshape(1, 1, -1),  # one frame of the frames axis
+                "extra_embedding": np.zeros((1, 1, h.hidden_size), np.float32),
                 "position": np.array([position], np.int64), "text_noise": text_noise,
                 "text_temperature": np.array([temperature[0]], np.float32),
                 "text_top_k": np.array([top_k[0]], np.int64), **self.ring}

@@ -173,6 +173,17 @@ def _view(ptr: int, shape, dtype) -> np.ndarray:
 class _Context:
     def __init__(self, engine):
         self.engine, self.addresses = engine, {}
+        # a dynamic dimension (-1) must be fixed with set_input_shape before a run, as in
+        # TensorRT; outputs take the shapes the run gives them
+        self.shapes = {n: shape for n, (mode, shape, _) in engine.tensors.items()
+                       if mode.name == "INPUT"}
+
+    def set_input_shape(self, name, shape):
+        want = self.engine.tensors[name][1]
+        if len(shape) != len(want) or any(w not in (-1, d) for w, d in zip(want, shape)):
+            return False
+        self.shapes[name] = tuple(int(d) for d in shape)
+        return True
 
     def set_tensor_address(self, name, ptr):
         if not isinstance(ptr, int):  # the binding takes a size_t
@@ -189,16 +200,17 @@ class _Context:
         tensors, sess = self.engine.tensors, self.engine.session
         bound = dict(self.addresses)  # the addresses at enqueue time, as TensorRT records them
         missing = set(tensors) - set(bound)
-        if missing:
+        shapes = dict(self.shapes)
+        if missing or any(-1 in shape for shape in shapes.values()):
             return False
 
         def run():
-            feeds = {n: _view(bound[n], shape, _DTYPES[dt]).copy()
-                     for n, (mode, shape, dt) in tensors.items() if mode.name == "INPUT"}
+            feeds = {n: _view(bound[n], shapes[n], _DTYPES[dt]).copy()
+                     for n, (mode, _, dt) in tensors.items() if mode.name == "INPUT"}
             names = [n for n, (mode, _, _) in tensors.items() if mode.name == "OUTPUT"]
             for name, value in zip(names, sess.run(names, feeds)):
-                _, shape, dt = tensors[name]
-                np.copyto(_view(bound[name], shape, _DTYPES[dt]), value)
+                _, _, dt = tensors[name]
+                np.copyto(_view(bound[name], value.shape, _DTYPES[dt]), value)
         self.engine.cuda.enqueue(run)
         return True
 
@@ -213,7 +225,8 @@ class _Engine:
         for kind, values in (("INPUT", self.session.get_inputs()),
                              ("OUTPUT", self.session.get_outputs())):
             for v in values:
-                self.tensors[v.name] = (_Enum(kind), tuple(v.shape), _ORT_TO_TRT[v.type])
+                shape = tuple(d if isinstance(d, int) else -1 for d in v.shape)  # dynamic: -1
+                self.tensors[v.name] = (_Enum(kind), shape, _ORT_TO_TRT[v.type])
         self.names = list(self.tensors)
 
     @property

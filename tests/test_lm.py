@@ -115,12 +115,26 @@ def test_ring_mask_is_the_reference_window(modules):
     helium, _ = modules
     T = helium.context
     for pos in range(3 * T + 2):
-        visible = helium.visible_slots(torch.tensor([pos]))[0, 0, 0].numpy()
+        visible = helium.visible_slots(torch.tensor([pos]), torch.arange(1))[0, 0, 0].numpy()
         # brute force: the positions each slot holds before the step, then the window rule
         held = {p % T: p for p in range(pos)}
         want = np.array([j in held and pos - held[j] < T for j in range(T)])
         np.testing.assert_array_equal(visible, want, err_msg=f"position {pos}")
         assert visible.sum() + 1 == min(pos + 1, T)  # plus the new row: the last T positions
+
+
+def test_ring_mask_of_several_frames_is_each_frames_window(modules):
+    """A call over F frames at pos..pos+F-1 (the batched persona prefill): frame f sees the
+    ring slots whose position is within its own window of T (and the call's frames 0..f)."""
+    helium, _ = modules
+    T = helium.context
+    F = 7
+    for pos in list(range(0, 2 * T, 5)) + [T - 3, T - 1]:
+        visible = helium.visible_slots(torch.tensor([pos]), torch.arange(F))[0, 0].numpy()
+        held = {p % T: p for p in range(pos)}  # what the ring holds before the call
+        for f in range(F):
+            want = np.array([j in held and pos + f - held[j] < T for j in range(T)])
+            np.testing.assert_array_equal(visible[f], want, err_msg=f"position {pos} frame {f}")
 
 
 def test_temporal_hidden_and_text_logits_match_reference(bundle, modules):

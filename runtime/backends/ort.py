@@ -221,6 +221,47 @@ class OrtGraph(BoundGraph):
             for name, value in self._dev_outputs.items():
                 np.copyto(self.outputs[name], value.numpy())
 
+    def run_frames(self, frames: dict[str, np.ndarray], active: list[int]) -> None:
+        """One call over F frames (a graph with a frames axis: helium_step): `frames` holds the
+        framed inputs ([B, F, ...], e.g. tokens and extra_embedding); the other inputs are
+        `inputs` as they are. The F new K/V rows of each `active` row go to slots
+        position[b]..position[b] + F - 1; the other rows are not written. The per-call buffers
+        are made for this call: it runs once per persona, not per frame."""
+        import onnxruntime as ort
+
+        if self._session is None:
+            raise ModelDirError(f"{self.entry.file}: this graph was closed")
+        count = next(iter(frames.values())).shape[1]
+        binding = self._session.io_binding()
+        keep = []  # the arrays the binding reads and writes, alive for the call
+        for name, value in self._dev_inputs.items():
+            if name in frames:
+                a = np.ascontiguousarray(frames[name])
+                keep.append(a)
+                binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(a))
+            else:
+                binding.bind_ortvalue_input(name, value)
+        for name, value in self._dev_outputs.items():
+            binding.bind_ortvalue_output(name, value)
+        rows = {}
+        for r in self.entry.rings:
+            shape = list(r.rows_shape)
+            shape[r.axis] = count
+            rows[r.output_name] = np.zeros(shape, self._rows[r.output_name].dtype)
+            binding.bind_ortvalue_input(r.input_name,
+                                        ort.OrtValue.ortvalue_from_numpy(self.rings[r.input_name]))
+            binding.bind_ortvalue_output(r.output_name,
+                                         ort.OrtValue.ortvalue_from_numpy(rows[r.output_name]))
+        if self.entry.state:
+            raise ModelDirError(f"{self.entry.file}: a call over several frames is for graphs "
+                                "without state tensors")
+        for name, before in self._positions.items():
+            np.copyto(before, self.ring_positions(name))
+        self._session.run_with_iobinding(binding)
+        for r in self.entry.rings:
+            write_ring_rows(r, self.rings[r.input_name], rows[r.output_name],
+                            self._positions[r.position], active)
+
     def close(self) -> None:
         """Lets this batch's bindings go now; the graph cannot run after this (the shared
         session stays with its model)."""
