@@ -272,36 +272,43 @@ def cmd_mic(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    """Per-stage timings over N frames of speech-like input (the bundled sample, looped)."""
+    """Per-stage timings of N conversations on one model (the bundled speech sample, looped):
+    per stream, per round and the largest N that keeps up (runtime/bench.py)."""
     import json
 
-    import numpy as np
-
     from .atomic import write_text_atomic
-    from .audio import read_audio
-    from .runtime.metrics import format_summary
-
-    model, conv = _conversation(args)
-    speech = read_audio(Path(__file__).parent / "data" / "hello.wav")
-    frame = model.frame_size
-    loops = -(-(args.frames + args.warmup) * frame // speech.shape[0])
-    pcm = np.tile(speech, loops)
     from .runtime.audio_io.echo import TimedStage
+    from .runtime.bench import plot, run_bench
+    from .runtime.model import Model
+    from .runtime.persona import Persona
 
-    # the echo canceller on the bench's frames: the input as the microphone, the answer as
-    # what the speaker played (its "aec" stage; absent without libspeexdsp)
-    aec = TimedStage(conv.metrics, model.sample_rate, frame, warn=_note)
-    for i in range(args.frames + args.warmup):
-        audio, _ = conv.step(aec(pcm[i * frame:(i + 1) * frame]))
-        aec.played(audio)
-    summary = conv.metrics.summary(last=args.frames)
-    summary["model"] = str(model.model_dir)
-    summary["position"] = conv.position
-    print(f"{model.model_dir}: {args.frames} frames after {args.warmup} warm-up, "
-          f"position {conv.position} (context {model.context})")
-    print(format_summary(summary))
+    if args.plot:  # before the run: a missing matplotlib fails now, not after it
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise PersonaPlexError("--plot needs matplotlib: pip install "
+                                   "'personaplex-edge[plot]'") from None
+    model = Model.load(resolve_model(args.model), device=args.device, threads=args.threads,
+                       progress=print)
+    persona = Persona(text_prompt=args.text_prompt, voice=args.voice_prompt,
+                      enabled=not args.no_persona)
+
+    def canceller(conv):
+        # the echo canceller on the bench's frames: the input as the microphone, the answer
+        # as what the speaker played (its "aec" stage; absent without libspeexdsp)
+        return TimedStage(conv.metrics, model.sample_rate, model.frame_size, warn=_note)
+
+    result = run_bench(model, args.frames, args.warmup, args.streams, _sampling(args), persona,
+                       front=canceller)
+    print(f"{model.model_dir}: {args.streams} stream(s), {args.frames} frames after "
+          f"{args.warmup} warm-up, position {result.position} (context {result.context})")
+    print(result.report())
     if args.json:
-        write_text_atomic(Path(args.json), json.dumps(summary, indent=2))
+        data = {"model": str(model.model_dir), **result.to_json()}
+        write_text_atomic(Path(args.json), json.dumps(data))
+    if args.plot:
+        plot(result, args.plot)
+        print(f"plot: {args.plot}")
     return 0
 
 
@@ -459,7 +466,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_conversation_args(b)
     b.add_argument("--frames", type=int, default=200)
     b.add_argument("--warmup", type=int, default=10)
-    b.add_argument("--json", help="write the summary here too")
+    b.add_argument("--streams", type=int, default=1,
+                   help="conversations stepped together, as a server steps them (1)")
+    b.add_argument("--json", help="write the summaries and every frame's stage times here")
+    b.add_argument("--plot", help="draw frame time per stage over the run into this PNG "
+                                  "(needs matplotlib)")
     b.set_defaults(func=cmd_bench)
 
     v = sub.add_parser("serve", help="the moshi/PersonaPlex WebSocket protocol and a web page: "

@@ -1,0 +1,148 @@
+"""Lockstep batches: a batch-B model steps B conversations in one call of each graph per tick,
+and each row's conversation is exactly what it is alone; `bench --streams` measures it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from personaplex_edge.cli import main
+from personaplex_edge.runtime.lockstep import step_many
+from personaplex_edge.runtime.model import Model
+from personaplex_edge.runtime.persona import Persona
+from personaplex_edge.runtime.sampling import SamplingParams
+
+FRAME = 1920
+BATCH = 3
+
+
+@pytest.fixture(scope="module")
+def batch_model_dir(tmp_path_factory):
+    """The demo model exported with --batch 3."""
+    from personaplex_edge.config import preset
+    from personaplex_edge.export.hub import resolve_checkpoint
+    from personaplex_edge.export.model_export import export_model
+    from personaplex_edge.export.synthetic import write_synthetic_checkpoint
+
+    ckpt = write_synthetic_checkpoint(preset("demo"), tmp_path_factory.mktemp("demo_ckpt_b"))
+    out = tmp_path_factory.mktemp("demo_b") / "model"
+    export_model(resolve_checkpoint(str(ckpt)), out, batch=BATCH, progress=lambda s: None)
+    return out
+
+
+def _noise(frames: int, seed: int) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(frames * FRAME) * 0.1).astype(np.float32)
+
+
+SETTINGS = [(SamplingParams(greedy=True), Persona(text_prompt="You are a helpful robot.")),
+            (SamplingParams(seed=3), Persona(text_prompt="Be brief.", voice="NATM1")),
+            (SamplingParams(seed=4), Persona(enabled=False))]
+
+
+def test_rows_joining_and_leaving_equal_each_conversation_alone(batch_model_dir):
+    """Three conversations in one batch of 3: the second joins 6 ticks in, the third 21 ticks
+    in (so the rows run at different positions), the second brings no frame to every fifth
+    tick (its row is held), the first leaves after 40 frames, and a fourth takes its row. Each conversation's
+    answer (greedy and sampled) equals that conversation run alone on the same model."""
+    model = Model.load(batch_model_dir, device="cpu")
+    assert model.batch == BATCH
+    n = 40
+    pcm = [_noise(n, 10 + k) for k in range(4)]
+    settings = SETTINGS + [(SamplingParams(seed=9), Persona(text_prompt="Hello."))]
+
+    def alone(k):
+        with model.open_conversation(*settings[k]) as conv:
+            conv.prefill()
+            return np.concatenate([conv.step(pcm[k][i * FRAME:(i + 1) * FRAME])[0].copy()
+                                   for i in range(n)])
+
+    want = [alone(k) for k in range(4)]
+    starts = {0: 0, 1: 6, 2: 21, 3: 44}
+    convs: dict[int, object] = {}
+    got: dict[int, list] = {k: [] for k in range(4)}
+    done = set()
+    for tick in range(44 + n):
+        for k, start in starts.items():
+            if tick == start:
+                convs[k] = model.open_conversation(*settings[k])
+                convs[k].prefill()
+        frames = {}
+        for k, conv in convs.items():
+            if k in done or (k == 1 and tick % 5 == 0):  # the second misses every fifth tick
+                continue
+            frames[conv] = pcm[k][len(got[k]) * FRAME:(len(got[k]) + 1) * FRAME]
+        for conv, (audio, _) in step_many(frames).items():
+            k = next(k for k, c in convs.items() if c is conv)
+            got[k].append(audio.copy())
+            if len(got[k]) == n:
+                done.add(k)
+                if k == 0:
+                    conv.close()
+    assert len({id(c.group) for c in convs.values()}) == 1  # one batch served all four
+    assert convs[3].row == convs[0].row  # the free row was taken again
+    for k in range(4):
+        assert len(got[k]) == n, k
+        np.testing.assert_array_equal(np.concatenate(got[k]), want[k], err_msg=f"conv {k}")
+    assert not np.array_equal(want[1], want[2])
+
+
+def test_a_tick_is_one_call_of_each_graph_for_all_rows(batch_model_dir, monkeypatch):
+    model = Model.load(batch_model_dir, device="cpu")
+    convs = [model.open_conversation(s, p) for s, p in SETTINGS]
+    for c in convs:
+        c.prefill()
+    group = convs[0].group
+    calls = []
+    for g in (group.encoder, group.decoder, group.helium, group.depformer):
+        run = g.run
+        monkeypatch.setattr(g, "run", lambda active=None, _run=run, _g=g:
+                            (calls.append((_g.entry.file, active)), _run(active))[1])
+    graphs = sorted(["mimi_encoder.onnx", "helium_step.onnx", "depformer_step.onnx",
+                     "mimi_decoder.onnx"])
+    step_many({c: _noise(1, k) for k, c in enumerate(convs)})
+    # the conversation without a persona has no complete agent frame yet: nothing to decode
+    assert sorted(f for f, _ in calls) == graphs
+    assert [sorted(a) for f, a in calls if f == "mimi_decoder.onnx"] == [[0, 1]]
+    calls.clear()
+    step_many({c: _noise(1, k) for k, c in enumerate(convs)})
+    assert sorted(f for f, _ in calls) == graphs
+    assert all(sorted(active) == [0, 1, 2] for _, active in calls), calls
+
+
+def test_bench_streams_json_and_plot(batch_model_dir, tmp_path, capsys):
+    """`bench --streams 4` on a batch-3 model: two ticks per round; the JSON holds every
+    frame's stage times of every stream; --plot draws them."""
+    rc = main(["bench", "--model", str(batch_model_dir), "--frames", "12", "--warmup", "2",
+               "--streams", "4", "--no-persona", "--device", "cpu", "--json",
+               str(tmp_path / "b.json"), "--plot", str(tmp_path / "b.png")])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "2 tick(s) of batch 3" in out and "streams keep up" in out
+    data = json.loads((tmp_path / "b.json").read_text())
+    frames = np.array(data["frames"])  # [streams, frames, stages + 1]
+    assert frames.shape == (4, 12, len(data["stages"])) and data["stages"][-1] == "frame"
+    assert len(data["rounds"]) == 12 and data["batch"] == 3
+    # per stream, the stages add up to the frame's time (host takes what is not a stage)
+    np.testing.assert_allclose(frames[..., :-1].sum(-1), frames[..., -1], atol=0.01)  # 3 decimals
+    assert data["largest_streams"] % 3 == 0 and data["largest_streams"] >= 3
+    assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_plot_without_matplotlib_is_one_message(batch_model_dir, tmp_path):
+    code = ("import sys\n"
+            "class Block:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] == 'matplotlib':\n"
+            "            raise ImportError('blocked')\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "from personaplex_edge.cli import main\n"
+            f"sys.exit(main(['bench', '--model', {str(batch_model_dir)!r}, '--frames', '2', "
+            f"'--plot', {str(tmp_path / 'p.png')!r}]))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr
+    assert "--plot needs matplotlib" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "p.png").exists()
