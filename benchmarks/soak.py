@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import sys
 import tempfile
 import time
@@ -21,13 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-
-def rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from models import rss_mb  # noqa: E402
 
 
 _MODELS: dict = {}

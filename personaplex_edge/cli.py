@@ -150,19 +150,34 @@ def _sampling(args):
                           top_k_text=args.top_k_text, greedy=args.greedy, seed=args.seed)
 
 
+def _persona_cache(args, progress=print):
+    from .runtime.persona import PersonaCache
+
+    if args.persona_cache_mb < 0:
+        raise PersonaPlexError("--persona-cache-mb must be 0 or more")
+    return PersonaCache(int(args.persona_cache_mb * 2**20), args.persona_cache_dir, progress)
+
+
+def _load_model(args, progress=print):
+    from .runtime.model import Model
+
+    return Model.load(resolve_model(args.model, progress), device=args.device,
+                      threads=args.threads, progress=progress,
+                      persona_cache=_persona_cache(args, progress))
+
+
 def _conversation(args, progress=print):
     """The model of `args.model`, loaded, and one conversation on it, its persona prefilled."""
-    from .runtime.model import Model
     from .runtime.persona import Persona
 
-    model = Model.load(resolve_model(args.model, progress), device=args.device,
-                       threads=args.threads, progress=progress)
+    model = _load_model(args, progress)
     persona = Persona(text_prompt=args.text_prompt, voice=args.voice_prompt,
                       enabled=not args.no_persona)
     conv = model.open_conversation(_sampling(args), persona)
     frames = conv.prefill()
     if frames:
-        progress(f"persona: {frames} prompt frames in {conv.prefill_seconds:.2f} s")
+        progress(f"persona: {frames} prompt frames in {conv.prefill_seconds:.2f} s"
+                 + (" (from the persona cache)" if conv.persona_cached else ""))
     return model, conv
 
 
@@ -279,7 +294,6 @@ def cmd_bench(args) -> int:
     from .atomic import write_text_atomic
     from .runtime.audio_io.echo import TimedStage
     from .runtime.bench import plot, run_bench
-    from .runtime.model import Model
     from .runtime.persona import Persona
 
     if args.plot:  # before the run: a missing matplotlib fails now, not after it
@@ -288,8 +302,7 @@ def cmd_bench(args) -> int:
         except ImportError:
             raise PersonaPlexError("--plot needs matplotlib: pip install "
                                    "'personaplex-edge[plot]'") from None
-    model = Model.load(resolve_model(args.model), device=args.device, threads=args.threads,
-                       progress=print)
+    model = _load_model(args)
     persona = Persona(text_prompt=args.text_prompt, voice=args.voice_prompt,
                       enabled=not args.no_persona)
 
@@ -361,6 +374,10 @@ def _add_conversation_args(p: argparse.ArgumentParser, model_default: str | None
     p.add_argument("--voice-prompt", default=None,
                    help="a voice of the model's bank (e.g. NATF2) or an audio file to imitate")
     p.add_argument("--no-persona", action="store_true", help="skip every prompt phase")
+    p.add_argument("--persona-cache-mb", type=float, default=256,
+                   help="prefilled personas kept in memory, at most this many MB (256; 0: none)")
+    p.add_argument("--persona-cache-dir",
+                   help="also keep prefilled personas in this directory, across runs")
     p.add_argument("--greedy", action="store_true", help="argmax instead of sampling")
     p.add_argument("--seed", type=int, default=None, help="seed of the sampling noise")
     p.add_argument("--temp", type=float, default=0.8, help="audio temperature (0.8)")
