@@ -7,9 +7,11 @@ cd "$(dirname "$0")/.."
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     # libsndfile for soundfile (its wheel bundles one; this covers platforms without a wheel);
     # PortAudio for sounddevice; speexdsp for the echo canceller (loaded through ctypes);
-    # PulseAudio (a null sink and its monitor) for the live-audio test
+    # PulseAudio (a null sink and its monitor) for the live-audio test; chromium (headless, the
+    # serve page's browser test) and openssl (its TLS test's certificate)
     missing=""
-    for pkg in libsndfile1 libportaudio2 libspeexdsp1 pulseaudio pulseaudio-utils libasound2-plugins; do
+    for pkg in libsndfile1 libportaudio2 libspeexdsp1 pulseaudio pulseaudio-utils libasound2-plugins \
+               chromium openssl; do
         dpkg -s "$pkg" >/dev/null 2>&1 || missing="$missing $pkg"
     done
     if [ -n "$missing" ]; then
@@ -46,8 +48,8 @@ else
     python -m pip install -q "$TORCH"
 fi
 # The runtime with onnxruntime for the CPU (the `cpu` extra: never beside onnxruntime-gpu),
-# the export, the tests and the sound devices.
-python -m pip install -q -e ".[cpu,export,dev,audio]"
+# the export, the tests, the sound devices and the server.
+python -m pip install -q -e ".[cpu,export,dev,audio,serve]"
 # The test reference. It pins torch<2.10, so it goes in without its dependencies (the light
 # ones are in the dev extra).
 python -m pip install -q --no-deps "moshi==0.2.13"

@@ -1,0 +1,352 @@
+"""Load on `personaplex-edge serve`: N clients each stream speech at real-time pace through the
+WebSocket protocol (Ogg/Opus both ways, as moshi's client does) and the server's own account of
+every session says whether it kept up: frames dropped, and per-session frame time (from a frame
+decoded to its answer ready: the wait for the tick plus the step) p50/p99/max. The clients also
+measure their round trip (a frame sent -> its answer frame decoded).
+
+    python benchmarks/bench_serve.py --model demo --clients 4 --seconds 60
+    python benchmarks/bench_serve.py --model demo --sweep --seconds 20 [--json out.json]
+    python benchmarks/bench_serve.py --model mid --sweep --seconds 20
+
+"Keeps up" means: zero drops in every session and every session's frame p99 under 80 ms.
+`--sweep` raises the number of clients until that fails and reports the largest that held.
+The server runs in this process (its own thread and event loop, as `serve` runs it); the
+clients run in a child process, so their Opus work does not share the server's interpreter.
+`--model mid` is the benchmarks' mid LM (benchmarks/mid_model.py) with the real-size Mimi,
+exported once into models/mid.
+
+The tests import the client and the server thread from here (tests/test_serve*.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+FRAME = 1920
+RATE = 24000
+FRAME_S = FRAME / RATE  # 80 ms
+HELLO = ROOT / "personaplex_edge" / "data" / "hello.wav"
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# -- audio ----------------------------------------------------------------------------------------
+def speech(seconds: float) -> np.ndarray:
+    """The bundled speech sample at 24 kHz, looped to `seconds`."""
+    from personaplex_edge.audio import read_audio
+
+    pcm = read_audio(HELLO, RATE)
+    n = int(seconds * RATE) // FRAME * FRAME
+    return np.tile(pcm, -(-n // pcm.shape[0]))[:n].astype(np.float32)
+
+
+def opus_pages(pcm: np.ndarray) -> list[bytes]:
+    """pcm in 1920-sample blocks through sphn's writer, as moshi's client encodes its
+    microphone: one (possibly empty) chunk of Ogg pages per block."""
+    import sphn
+
+    writer = sphn.OpusStreamWriter(RATE)
+    return [writer.append_pcm(pcm[i:i + FRAME]) for i in range(0, pcm.shape[0] - FRAME + 1, FRAME)]
+
+
+def opus_round_trip(pages: list[bytes]) -> np.ndarray:
+    """What the server decodes from those pages (sphn's reader, as the server reads them)."""
+    import sphn
+
+    reader = sphn.OpusStreamReader(RATE)
+    out = [np.asarray(reader.append_bytes(p), np.float32) for p in pages if p]
+    return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+
+def reference_text(model_dir, pcm: np.ndarray, workdir: Path, *flags: str) -> str:
+    """The text `personaplex-edge run` produces for `pcm` (its per-frame pieces joined, as a
+    client receives them), with the run's own flags."""
+    from personaplex_edge.audio import write_audio
+    from personaplex_edge.cli import main
+
+    wav, out, text = workdir / "in.wav", workdir / "out.wav", workdir / "text.json"
+    write_audio(wav, pcm, RATE)
+    assert main(["run", "--model", str(model_dir), "--input", str(wav), "--output", str(out),
+                 "--text-out", str(text), *flags]) == 0
+    return "".join(r for r in json.loads(text.read_text()) if r not in ("PAD", "EPAD"))
+
+
+# -- a client -------------------------------------------------------------------------------------
+@dataclass
+class ClientResult:
+    handshake_s: float | None = None  # connect -> handshake
+    text: str = ""
+    pieces: int = 0
+    answer_samples: int = 0
+    frames_sent: int = 0
+    errors: list[str] = field(default_factory=list)  # the server's ERROR messages
+    metadata: list[dict] = field(default_factory=list)
+    close_code: int | None = None
+    round_trip_ms: list[float] = field(default_factory=list)  # per answer frame
+    kinds: list[int] = field(default_factory=list)  # kinds of every message, in order
+    status: int | None = None  # HTTP status when the upgrade was refused
+
+    def round_trip(self) -> dict:
+        if not self.round_trip_ms:
+            return {}
+        a = np.asarray(self.round_trip_ms[12:] or self.round_trip_ms)  # past the first second
+        return {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)),
+                "max": float(a.max())}
+
+
+async def talk(url: str, pages: list[bytes], query: str = "", pace: float | None = FRAME_S,
+               wait_handshake: bool = True, tail_s: float = 1.0, headers: dict | None = None,
+               handshake_timeout: float = 30.0, until_frames: int | None = None
+               ) -> ClientResult:
+    """One client: connects to `url` (http://host:port/), waits for the handshake, sends one
+    audio message per page chunk every `pace` seconds (None: as fast as it can), keeps reading
+    `tail_s` more (or until `until_frames` answer frames came, if sooner), then closes.
+    Answers are decoded with sphn, as moshi's client does."""
+    import aiohttp
+    import sphn
+
+    res = ClientResult()
+    reader = sphn.OpusStreamReader(RATE)
+    sent_at: list[float] = []
+    ws_url = url.replace("http", "ws", 1).rstrip("/") + "/api/chat" + query
+    t_connect = time.perf_counter()
+    handshake = asyncio.Event()
+    async with aiohttp.ClientSession() as http:
+        try:
+            ws = await http.ws_connect(ws_url, headers=headers, ssl=False)
+        except aiohttp.WSServerHandshakeError as e:
+            res.status = e.status
+            return res
+
+        async def receive() -> None:
+            async for msg in ws:
+                if msg.type != aiohttp.WSMsgType.BINARY or not msg.data:
+                    continue
+                kind, payload = msg.data[0], msg.data[1:]
+                res.kinds.append(kind)
+                if kind == 0:
+                    res.handshake_s = time.perf_counter() - t_connect
+                    handshake.set()
+                elif kind == 1:
+                    before = res.answer_samples // FRAME
+                    res.answer_samples += len(reader.append_bytes(payload))
+                    now = time.perf_counter()
+                    for k in range(before, res.answer_samples // FRAME):
+                        if k < len(sent_at):
+                            res.round_trip_ms.append(1000 * (now - sent_at[k]))
+                elif kind == 2:
+                    res.text += payload.decode()
+                    res.pieces += 1
+                elif kind == 4:
+                    res.metadata.append(json.loads(payload))
+                elif kind == 5:
+                    res.errors.append(payload.decode())
+            res.close_code = ws.close_code
+
+        reading = asyncio.create_task(receive())
+        try:
+            if wait_handshake:
+                await asyncio.wait_for(asyncio.shield(handshake.wait()), handshake_timeout)
+            t0 = time.perf_counter()
+            for i, chunk in enumerate(pages):
+                if ws.closed:
+                    break
+                if pace is not None:
+                    await asyncio.sleep(max(0.0, t0 + i * pace - time.perf_counter()))
+                sent_at.append(time.perf_counter())
+                if chunk:
+                    await ws.send_bytes(b"\x01" + chunk)
+                res.frames_sent += 1
+            deadline = time.perf_counter() + tail_s
+            while not reading.done() and time.perf_counter() < deadline:
+                if until_frames is not None and res.answer_samples // FRAME >= until_frames:
+                    break
+                await asyncio.sleep(0.01)
+        except (asyncio.TimeoutError, ConnectionResetError, aiohttp.ClientError):
+            pass
+        finally:
+            if not ws.closed:
+                await ws.close()
+            await reading
+    return res
+
+
+# -- the server in a thread -----------------------------------------------------------------------
+class ServerThread:
+    """`with ServerThread(options) as srv:` a Server on its own event loop in a thread;
+    srv.url, srv.server (its state: history, stats)."""
+
+    def __init__(self, options, model=None):
+        self.options = options
+        self.model = model
+        self.url = ""
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    def __enter__(self) -> "ServerThread":
+        self._thread = threading.Thread(target=self._run, daemon=True, name="serve-test")
+        self._thread.start()
+        self._ready.wait(120)
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def _run(self) -> None:
+        from personaplex_edge.runtime.serve.server import Server
+
+        async def main() -> None:
+            self.loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            try:
+                self.server = Server(self.options, model=self.model, progress=lambda s: None)
+                await self.server.start()
+            except BaseException as e:
+                self._error = e
+                self._ready.set()
+                return
+            self.url = self.server.url
+            self._ready.set()
+            await self._stop.wait()
+            await self.server.stop()
+
+        asyncio.run(main())
+
+    def __exit__(self, *exc) -> None:
+        if self._error is None:
+            self.loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+
+    @property
+    def state(self):
+        return self.server.state
+
+    def history(self) -> list[dict]:
+        return list(self.server.state.history)
+
+
+# -- the benchmark --------------------------------------------------------------------------------
+def _clients_process(url: str, n: int, seconds: float, out) -> None:
+    """In the child process: n paced clients at once, their results back through `out`."""
+    pages = opus_pages(speech(seconds))
+
+    async def main():
+        async def one(i: int):
+            await asyncio.sleep(i * FRAME_S / n)  # clients start spread over a frame
+            return await talk(url, pages, pace=FRAME_S, tail_s=1.0)
+        return await asyncio.gather(*(one(i) for i in range(n)))
+
+    out.put([asdict(r) for r in asyncio.run(main())])
+
+
+def run_load(srv: ServerThread, n: int, seconds: float) -> dict:
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    before = len(srv.history())
+    child = ctx.Process(target=_clients_process, args=(srv.url, n, seconds, queue))
+    child.start()
+    clients = queue.get(timeout=seconds + 120)
+    child.join()
+    deadline = time.monotonic() + 10
+    while len(srv.history()) < before + n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sessions = srv.history()[before:]
+    rt = [ClientResult(**c).round_trip() for c in clients]
+    ok = (len(sessions) == n and all(s["dropped"] == 0 for s in sessions)
+          and all(s.get("frame_p99_ms", 1e9) < 80.0 for s in sessions)
+          and all(not c["errors"] for c in clients))
+    return {"clients": n, "seconds": seconds, "keeps_up": ok,
+            "dropped": [s["dropped"] for s in sessions],
+            "frames": [s["frames"] for s in sessions],
+            "frame_p50_ms": [round(s.get("frame_p50_ms", 0), 2) for s in sessions],
+            "frame_p99_ms": [round(s.get("frame_p99_ms", 0), 2) for s in sessions],
+            "frame_max_ms": [round(s.get("frame_max_ms", 0), 2) for s in sessions],
+            "round_trip_p50_ms": [round(r.get("p50", 0), 1) for r in rt],
+            "round_trip_p99_ms": [round(r.get("p99", 0), 1) for r in rt],
+            "errors": [e for c in clients for e in c["errors"]]}
+
+
+def mid_model_dir() -> Path:
+    """The mid LM with the real-size Mimi, exported once into models/mid."""
+    out = ROOT / "models" / "mid"
+    if (out / "manifest.json").is_file():
+        return out
+    import tempfile
+
+    from mid_model import mid_config
+
+    from personaplex_edge.export.hub import resolve_checkpoint
+    from personaplex_edge.export.model_export import export_model
+    from personaplex_edge.export.synthetic import write_synthetic_checkpoint
+
+    log("exporting the mid model into models/mid (once)")
+    with tempfile.TemporaryDirectory() as tmp:
+        write_synthetic_checkpoint(mid_config(), tmp)
+        export_model(resolve_checkpoint(tmp), out, progress=log)
+    return out
+
+
+def print_run(r: dict) -> None:
+    log(f"{r['clients']:3d} clients x {r['seconds']:.0f} s: "
+        f"{'keeps up' if r['keeps_up'] else 'FALLS BEHIND'}; dropped {sum(r['dropped'])}; "
+        f"frame p99 (worst session) {max(r['frame_p99_ms'] or [0]):.1f} ms, p50 "
+        f"{np.median(r['frame_p50_ms'] or [0]):.1f} ms; round trip p99 (worst) "
+        f"{max(r['round_trip_p99_ms'] or [0]):.1f} ms"
+        + (f"; errors: {r['errors'][:2]}" if r["errors"] else ""))
+
+
+def main() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="demo", help="demo, mid, or a model directory")
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--seconds", type=float, default=60.0)
+    p.add_argument("--sweep", action="store_true",
+                   help="raise --clients until the server no longer keeps up")
+    p.add_argument("--max-clients", type=int, default=64)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", help="write every run here")
+    args = p.parse_args()
+
+    from personaplex_edge.cli import resolve_model
+    from personaplex_edge.runtime.serve.server import ServeOptions
+
+    model_dir = mid_model_dir() if args.model == "mid" else resolve_model(args.model, log)
+    counts = [args.clients]
+    if args.sweep:
+        counts = [1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64]
+        counts = [c for c in counts if c <= args.max_clients]
+    runs = []
+    options = ServeOptions(model_dir, model_name=args.model, port=0,
+                           max_sessions=max(counts), threads=args.threads)
+    with ServerThread(options) as srv:
+        log(f"serving {model_dir} at {srv.url} (batch {srv.server.model.batch})")
+        for n in counts:
+            r = run_load(srv, n, args.seconds)
+            print_run(r)
+            runs.append(r)
+            if args.sweep and not r["keeps_up"]:
+                break
+    held = [r["clients"] for r in runs if r["keeps_up"]]
+    report = {"model": args.model, "model_dir": str(model_dir), "runs": runs,
+              "largest_that_keeps_up": max(held) if held else 0}
+    log(f"largest number of sessions that keeps up: {report['largest_that_keeps_up']}")
+    print(json.dumps(report, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

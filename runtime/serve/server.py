@@ -1,0 +1,208 @@
+"""Loading the model, serving until a signal, and stopping cleanly.
+
+The server owns its aiohttp AppRunner. On SIGINT or SIGTERM it stops taking sessions, tells
+every open session why it ends (ERROR "the server is shutting down"), waits for their handlers
+to close them and free their rows, and only then lets the tick thread, the prefill thread and
+the model go. `personaplex-edge serve` then exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import ssl
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from aiohttp import WSCloseCode, web
+
+from personaplex_edge.contract import AUDIO_NOISE, DEPFORMER_STEP, HELIUM_STEP, TEXT_NOISE
+from personaplex_edge.errors import PersonaPlexError
+from personaplex_edge.runtime.persona import DEFAULT_VOICE, Persona
+from personaplex_edge.runtime.sampling import SamplingParams
+
+from .app import build_app
+from .opus import check_sphn
+from .params import Voices
+from .state import ServerState
+from .stats import ServerStats
+from .ticker import Ticker
+
+log = logging.getLogger("personaplex_edge.serve")
+
+DRAIN_SECONDS = 5.0  # how long a stop waits for the sessions' handlers to finish
+
+
+@dataclass
+class ServeOptions:
+    model_dir: Path
+    model_name: str = ""  # what /api/health reports (default: the directory's name)
+    host: str = "127.0.0.1"
+    port: int = 8998
+    max_sessions: int = 4
+    ssl_dir: Path | None = None
+    auth_token: str | None = None
+    voice_dir: Path | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    persona: Persona = field(default_factory=Persona)
+    max_backlog: int = 2  # input frames a session may have waiting before the oldest drop
+    send_queue: int = 64  # messages waiting for a client (~2.5 s of answers) before it is cut
+    device: str = "auto"
+    threads: int | None = None
+
+
+def ssl_context(ssl_dir: Path) -> ssl.SSLContext:
+    cert, key = Path(ssl_dir) / "cert.pem", Path(ssl_dir) / "key.pem"
+    missing = [p.name for p in (cert, key) if not p.is_file()]
+    if missing:
+        raise PersonaPlexError(
+            f"--ssl {ssl_dir}: {' and '.join(missing)} missing. A self-signed pair: openssl req "
+            f"-x509 -newkey rsa:2048 -nodes -days 365 -subj /CN=localhost -keyout {key} "
+            f"-out {cert}")
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        ctx.load_cert_chain(cert, key)
+    except (ssl.SSLError, OSError) as e:
+        raise PersonaPlexError(f"--ssl {ssl_dir}: cannot use cert.pem/key.pem ({e})") from None
+    return ctx
+
+
+def _top_k_max(model) -> tuple[int, int]:
+    graphs = model.manifest.graphs
+
+    def last_dim(graph: str, name: str) -> int:
+        return next(t for t in graphs[graph].inputs if t.name == name).shape[-1]
+    return last_dim(HELIUM_STEP, TEXT_NOISE), last_dim(DEPFORMER_STEP, AUDIO_NOISE)
+
+
+class Server:
+    """One server on one loaded model; `start()` binds, `stop()` closes every session."""
+
+    def __init__(self, options: ServeOptions, model=None,
+                 progress: Callable[[str], None] = print):
+        check_sphn()
+        self.options = options
+        self.say = progress
+        if options.max_sessions < 1:
+            raise PersonaPlexError("--max-sessions must be at least 1")
+        self._ssl = ssl_context(options.ssl_dir) if options.ssl_dir else None
+        if options.voice_dir is not None and not Path(options.voice_dir).is_dir():
+            raise PersonaPlexError(f"--voice-dir {options.voice_dir} is not a directory")
+        if model is None:
+            from personaplex_edge.runtime.model import Model
+
+            model = Model.load(options.model_dir, device=options.device,
+                               threads=options.threads, progress=progress)
+        self.model = model
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+        self.state: ServerState | None = None
+
+    def _check_defaults(self) -> None:
+        """The defaults every session starts from are checked once, now, by opening one
+        conversation with them: a bad flag fails the command, not each client (and the default
+        persona's prefill lands in the persona cache, so the first client starts at once)."""
+        o, model = self.options, self.model
+        o.sampling.check(*_top_k_max(model))
+        conv = model.open_conversation(o.sampling, o.persona)
+        try:
+            frames = conv.prefill()
+            if frames:
+                self.say(f"persona: {frames} prompt frames in {conv.prefill_seconds:.2f} s")
+        finally:
+            conv.close()
+
+    async def start(self) -> None:
+        o, model = self.options, self.model
+        self._check_defaults()
+        from personaplex_edge.runtime.lockstep import step_many
+
+        stats = ServerStats()
+        stats.capacity.set(o.max_sessions)
+        bank = tuple(model.voices())
+        voice = o.persona.voice
+        default_voice = (DEFAULT_VOICE if DEFAULT_VOICE in bank else None) if voice is None \
+            else (voice if voice in bank else Path(voice).name)
+        self.state = ServerState(
+            model=model, model_name=o.model_name or Path(o.model_dir).name,
+            sampling=o.sampling, persona=o.persona,
+            voices=Voices(bank, Path(o.voice_dir) if o.voice_dir else None),
+            top_k_max=_top_k_max(model), ticker=Ticker(step_many, stats), stats=stats,
+            prefill_pool=ThreadPoolExecutor(1, thread_name_prefix="personaplex-prefill"),
+            max_sessions=o.max_sessions, max_backlog=o.max_backlog, send_queue=o.send_queue,
+            auth_token=o.auth_token, default_voice=default_voice)
+        self.state.ticker.start()
+        self.runner = web.AppRunner(build_app(self.state), access_log=None,
+                                    handle_signals=False, shutdown_timeout=DRAIN_SECONDS)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, o.host, o.port, ssl_context=self._ssl)
+        try:
+            await site.start()
+        except OSError as e:
+            await self.runner.cleanup()
+            self.state.ticker.stop()
+            raise PersonaPlexError(f"cannot listen on {o.host}:{o.port} ({e.strerror}); "
+                                   "choose another --port or stop what uses it") from None
+        host, port = self.runner.addresses[0][:2]
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"{'https' if self._ssl else 'http'}://{shown}:{port}/"
+        self.port = port
+
+    async def stop(self) -> None:
+        """Refuses new sessions, ends the open ones with a reason, waits for them, then
+        releases everything."""
+        state = self.state
+        if state is None:
+            return
+        state.stopping = True
+        for session in list(state.sessions):
+            session.end("the server is shutting down", WSCloseCode.GOING_AWAY)
+        deadline = asyncio.get_running_loop().time() + DRAIN_SECONDS
+        while (state.sessions or state.slots_used) and \
+                asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
+        if self.runner is not None:
+            await self.runner.cleanup()
+        state.ticker.stop()
+        state.prefill_pool.shutdown(wait=True)
+        self.state = None
+
+    async def run_until_signal(self) -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await self.start()
+        o = self.options
+        self.say(f"serving {self.state.model_name} on {self.url} (up to {o.max_sessions} "
+                 f"session{'s' if o.max_sessions != 1 else ''}"
+                 f"{'; /api/chat needs the --auth-token' if o.auth_token else ''}); "
+                 "Ctrl-C to stop")
+        try:
+            await stop.wait()
+        finally:
+            n = len(self.state.sessions)
+            self.say(f"stopping: closing {n} session{'s' if n != 1 else ''}")
+            await self.stop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+
+def serve(options: ServeOptions, progress: Callable[[str], None] = print) -> int:
+    """`personaplex-edge serve`: serves until SIGINT/SIGTERM, then returns 0."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    server = Server(options, progress=progress)
+    try:
+        asyncio.run(server.run_until_signal())
+    finally:
+        server.model.close()
+        log.removeHandler(handler)
+    progress("stopped")
+    return 0

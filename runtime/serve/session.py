@@ -1,0 +1,183 @@
+"""One WebSocket's side of a conversation: the frames waiting for the model, the messages
+waiting for the client, and the counters the client, /metrics and the logs see.
+
+Two threads touch a session. The event loop (aiohttp) decodes the client's Opus into frames and
+pushes them into the backlog, and encodes answers into the send queue. The tick thread
+(ticker.py) takes frames from the backlog and hands answers back through the event loop. The
+backlog is the bounded-latency rule of `--mic`: when more than `max_backlog` frames wait, the
+oldest are dropped and counted, so a session that falls behind hears its recent audio answered,
+not audio from seconds ago. The send queue is bounded too: a client that stops reading ends
+its own session instead of growing the server's memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+from aiohttp import WSCloseCode
+
+from . import protocol
+from .opus import OpusDecoder, OpusEncoder
+
+if TYPE_CHECKING:
+    from personaplex_edge.runtime.conversation import Conversation
+
+    from .params import ChatParams
+
+_ids = itertools.count(1)
+
+
+class FrameBacklog:
+    """Frames of one session waiting for the tick thread, at most `max_backlog` of them beyond
+    the one the next tick takes; each frame carries the time it became ready."""
+
+    def __init__(self, max_backlog: int, on_ready: Callable[[], None] = lambda: None):
+        self.max_backlog = max_backlog
+        self._frames: deque[tuple[np.ndarray, float]] = deque()
+        self._lock = threading.Lock()
+        self._on_ready = on_ready
+        self.dropped = 0  # frames dropped because the session was behind
+        self.pushed = 0
+
+    def push(self, frame: np.ndarray) -> int:
+        """Adds a frame; returns how many old frames it pushed out."""
+        with self._lock:
+            self._frames.append((frame, time.perf_counter()))
+            self.pushed += 1
+            dropped = 0
+            while len(self._frames) > self.max_backlog + 1:
+                self._frames.popleft()
+                dropped += 1
+            self.dropped += dropped
+        self._on_ready()
+        return dropped
+
+    def take(self) -> tuple[np.ndarray, float] | None:
+        with self._lock:
+            return self._frames.popleft() if self._frames else None
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+
+class LatencyLog:
+    """The most recent per-frame times of a session (ms): how long a frame waited for its tick
+    and how long from ready to answered. Written by the tick thread, read for reports."""
+
+    def __init__(self, capacity: int = 4096):
+        self._ms = np.zeros((capacity, 2), np.float64)  # [frame, (wait, answer)]
+        self.capacity = capacity
+        self.frames = 0
+
+    def add(self, wait_ms: float, answer_ms: float) -> None:
+        self._ms[self.frames % self.capacity] = (wait_ms, answer_ms)
+        self.frames += 1
+
+    def table(self, last: int | None = None) -> np.ndarray:
+        n = min(self.frames, self.capacity, last or self.capacity)
+        end = self.frames % self.capacity
+        return self._ms[np.arange(end - n, end) % self.capacity]
+
+    def percentiles(self, last: int | None = None) -> dict:
+        t = self.table(last)
+        if t.shape[0] == 0:
+            return {}
+        p = np.percentile(t, [50, 99], axis=0)
+        return {"wait_p50_ms": p[0, 0], "wait_p99_ms": p[1, 0], "frame_p50_ms": p[0, 1],
+                "frame_p99_ms": p[1, 1], "frame_max_ms": float(t[:, 1].max())}
+
+
+class ChatSession:
+    def __init__(self, params: "ChatParams", peer: str, max_backlog: int, send_queue: int,
+                 sample_rate: int, frame_size: int, wake: Callable[[], None],
+                 piece: Callable[[int], str]):
+        self.id = next(_ids)
+        self.params = params
+        self.peer = peer
+        self.conv: "Conversation | None" = None
+        self.backlog = FrameBacklog(max_backlog, wake)
+        self.latency = LatencyLog()
+        self.decoder = OpusDecoder(sample_rate, frame_size)
+        self.encoder = OpusEncoder(sample_rate)
+        self.outbox: asyncio.Queue[bytes] = asyncio.Queue(maxsize=send_queue)
+        self.loop = asyncio.get_running_loop()
+        self.ended = self.loop.create_future()  # set to the reason when the session must end
+        self._piece = piece
+        self.frames_answered = 0
+        self.text_pieces = 0
+        self.started = time.monotonic()
+
+    # -- event loop side --------------------------------------------------------------------------
+    def receive_audio(self, pages: bytes) -> int:
+        """A client's audio message -> frames into the backlog; returns the frames dropped.
+        OpusError for bytes that are not Ogg/Opus."""
+        dropped = 0
+        for frame in self.decoder.feed(pages):
+            dropped += self.backlog.push(frame)
+        return dropped
+
+    def send(self, message: bytes) -> None:
+        """Queues a message for the client; a full queue means it stopped reading."""
+        if self.ended.done():
+            return
+        try:
+            self.outbox.put_nowait(message)
+        except asyncio.QueueFull:
+            self.end(f"the client is not reading: {self.outbox.maxsize} messages wait to be "
+                     "sent", WSCloseCode.POLICY_VIOLATION)
+
+    def end(self, reason: str | None, code: int = WSCloseCode.OK) -> None:
+        """Asks the handler to end this session with `reason` (None: quietly, the client
+        left) and the WebSocket close `code`."""
+        if not self.ended.done():
+            self.ended.set_result((reason, code))
+
+    def _answer(self, pcm: np.ndarray, token: int | None) -> None:
+        if self.ended.done():
+            return
+        piece = self._piece(token) if token is not None else ""
+        if piece:
+            self.text_pieces += 1
+            self.send(protocol.text(piece))
+        pages = self.encoder.encode(pcm)
+        if pages:
+            self.send(protocol.audio(pages))
+
+    def summary(self) -> dict:
+        """The whole session's figures (its latency over every kept frame)."""
+        out = {"session": self.id, "peer": self.peer, "frames": self.frames_answered,
+               "dropped": self.backlog.dropped, "received": self.backlog.pushed,
+               "text_pieces": self.text_pieces,
+               "seconds": round(time.monotonic() - self.started, 2)}
+        out.update({k: float(v) for k, v in self.latency.percentiles().items()})
+        return out
+
+    def stats(self) -> dict:
+        out = {"session": self.id, "frames": self.frames_answered,
+               "dropped": self.backlog.dropped, "backlog": len(self.backlog)}
+        out.update({k: round(float(v), 2) for k, v in self.latency.percentiles(last=125).items()})
+        return out
+
+    # -- tick thread side -------------------------------------------------------------------------
+    def answered(self, pcm: np.ndarray, token: int | None, ready: float, tick_start: float,
+                 done: float) -> None:
+        """An answer frame from the tick thread (pcm is the session's own copy)."""
+        self.latency.add(1000.0 * (tick_start - ready), 1000.0 * (done - ready))
+        self.frames_answered += 1
+        try:
+            self.loop.call_soon_threadsafe(self._answer, pcm, token)
+        except RuntimeError:  # the event loop is gone: the server is stopping
+            pass
+
+    def failed(self, reason: str) -> None:
+        """The tick thread could not step this session."""
+        try:
+            self.loop.call_soon_threadsafe(self.end, reason, WSCloseCode.INTERNAL_ERROR)
+        except RuntimeError:
+            pass

@@ -1,0 +1,51 @@
+"""What the handlers of one server share: the model, the options, the tick thread, the
+metrics, and the count of session slots in use."""
+
+from __future__ import annotations
+
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+if TYPE_CHECKING:
+    from personaplex_edge.runtime.model import Model
+    from personaplex_edge.runtime.persona import Persona
+    from personaplex_edge.runtime.sampling import SamplingParams
+
+    from .params import Voices
+    from .session import ChatSession
+    from .stats import ServerStats
+    from .ticker import Ticker
+
+
+@dataclass
+class ServerState:
+    model: "Model"
+    model_name: str
+    sampling: "SamplingParams"  # each conversation's defaults
+    persona: "Persona"
+    voices: "Voices"
+    top_k_max: tuple[int, int]  # (text, audio): the largest top-k of the model's graphs
+    ticker: "Ticker"
+    stats: "ServerStats"
+    prefill_pool: ThreadPoolExecutor
+    max_sessions: int
+    max_backlog: int
+    send_queue: int
+    auth_token: str | None = None
+    default_voice: str | None = None  # the name /api/voices shows as preselected
+    slots_used: int = 0  # connections holding a slot: in prefill or in conversation
+    stopping: bool = False
+    sessions: set["ChatSession"] = field(default_factory=set)
+    # summaries of the sessions that ended (newest last): for the logs' readers and benchmarks
+    history: deque = field(default_factory=lambda: deque(maxlen=1000))
+
+    @property
+    def accepting(self) -> bool:
+        return not self.stopping and self.slots_used < self.max_sessions
+
+
+STATE = web.AppKey("personaplex_state", ServerState)

@@ -1,0 +1,1 @@
+"""Driving Debian's chromium from the tests (see cdp.py)."""

@@ -1,0 +1,376 @@
+"""`personaplex-edge serve` on the demo model, driven through its WebSocket like a client:
+end-to-end greedy correctness, PersonaPlex's query parameters, bad input isolated to its
+session, drops counted, the busy refusal, the token, TLS, health, voices and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import os
+import re
+import socket
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("aiohttp")
+pytest.importorskip("sphn")
+pytest.importorskip("prometheus_client")
+
+import aiohttp  # noqa: E402
+from bench_serve import (FRAME, ServerThread, opus_pages, opus_round_trip,  # noqa: E402
+                         reference_text, speech, talk)
+
+from personaplex_edge.runtime.sampling import SamplingParams  # noqa: E402
+from personaplex_edge.runtime.serve import ServeOptions  # noqa: E402
+
+EXACT = dict(sampling=SamplingParams(greedy=True), max_backlog=100_000)  # nothing dropped
+
+
+@pytest.fixture(scope="module")
+def model(demo_model_dir):
+    from personaplex_edge.runtime.model import Model
+
+    m = Model.load(demo_model_dir)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def greedy_server(model, demo_model_dir):
+    with ServerThread(ServeOptions(demo_model_dir, port=0, max_sessions=8, **EXACT),
+                      model=model) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def sampling_server(model, demo_model_dir):
+    """The reference's sampling defaults (not greedy), nothing dropped."""
+    with ServerThread(ServeOptions(demo_model_dir, port=0, max_backlog=100_000),
+                      model=model) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def pages():
+    return opus_pages(speech(4.0))  # 50 frames of the bundled speech, Opus-encoded
+
+
+@pytest.fixture(scope="module")
+def reference(demo_model_dir, pages, tmp_path_factory):
+    """The greedy default persona's text for `pages` after the Opus round trip."""
+    pcm = opus_round_trip(pages)
+    return reference_text(demo_model_dir, pcm, tmp_path_factory.mktemp("ref"), "--greedy")
+
+
+def chat(srv, pages, **kw):
+    return asyncio.run(talk(srv.url, pages, **kw))
+
+
+def wait_until(condition, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+# -- correctness end to end ----------------------------------------------------------------------
+def test_greedy_text_over_the_wire_equals_run_on_the_same_audio(greedy_server, pages, reference):
+    n = len(opus_round_trip(pages)) // FRAME
+    r = chat(greedy_server, pages, pace=None, until_frames=n, tail_s=10)
+    assert r.kinds[0] == 0 and r.handshake_s is not None  # the handshake comes first
+    assert not r.errors
+    assert r.answer_samples == n * FRAME  # one answer frame per input frame
+    assert r.pieces > 5 and r.text == reference
+    assert wait_until(lambda: not greedy_server.state.sessions)
+    assert greedy_server.history()[-1]["dropped"] == 0
+
+
+def test_personaplex_query_parameters_are_honoured(sampling_server, demo_model_dir, pages,
+                                                   tmp_path):
+    """PersonaPlex's web client's parameters (plus moshi's, which are ignored): the answer
+    equals `run` with the same persona and sampling, and differs from the server's defaults'
+    answer with the same seeds."""
+    prompt = "You enjoy having a good conversation."
+    query = ("?text_prompt=" + prompt.replace(" ", "%20") + "&voice_prompt=NATM1.pt"
+             "&text_temperature=0.6&text_topk=20&audio_temperature=0.7&audio_topk=100"
+             "&text_seed=7&audio_seed=9&pad_mult=0&repetition_penalty=1.0"
+             "&repetition_penalty_context=64&worker_auth_id=x&email=a%40b.c")
+    n = len(opus_round_trip(pages)) // FRAME
+    r = chat(sampling_server, pages, query=query, pace=None, until_frames=n, tail_s=10)
+    plain = chat(sampling_server, pages, query="?text_seed=7&audio_seed=9", pace=None,
+                 until_frames=n, tail_s=10)
+    assert not r.errors and r.answer_samples == n * FRAME
+    expected = reference_text(demo_model_dir, opus_round_trip(pages), tmp_path,
+                             "--text-prompt", prompt, "--voice-prompt", "NATM1",
+                             "--temp-text", "0.6", "--top-k-text", "20", "--temp", "0.7",
+                             "--top-k", "100", "--seed", str(7 * 2**32 + 9))
+    assert r.pieces > 5 and r.text == expected
+    assert plain.text != r.text
+
+
+# -- bad input stays in its session -------------------------------------------------------------
+BAD = [
+    (b"\x01" + b"garbage!" * 20, "not an Ogg/Opus stream"),
+    (b"\x09hello", "unknown message kind 9"),
+    ("hello", "text WebSocket frames are not part of the protocol"),
+    (b"\x01" + bytes(1 << 20) + b"!", "over the limit of 1048576"),
+    (b"", "empty message"),
+]
+
+
+async def bad_client(url: str, payload) -> tuple[list[bytes], int | None]:
+    async with aiohttp.ClientSession() as http:
+        async with http.ws_connect(url.replace("http", "ws") + "api/chat") as ws:
+            first = await ws.receive(timeout=10)
+            assert first.data == b"\x00"
+            if isinstance(payload, str):
+                await ws.send_str(payload)
+            else:
+                await ws.send_bytes(payload)
+            got = [m.data async for m in ws if m.type == aiohttp.WSMsgType.BINARY]
+            return got, ws.close_code
+
+
+def test_bad_input_ends_only_its_own_session(greedy_server, pages, reference, caplog):
+    caplog.set_level(logging.INFO, logger="personaplex_edge.serve")
+    n = len(opus_round_trip(pages)) // FRAME
+
+    async def scene():
+        good = asyncio.create_task(talk(greedy_server.url, pages, pace=0.02, until_frames=n,
+                                        tail_s=10))
+        await asyncio.sleep(0.2)  # the good session is streaming while the bad ones come
+        bad = await asyncio.gather(*(bad_client(greedy_server.url, p) for p, _ in BAD))
+        return await good, bad
+
+    good, bad = asyncio.run(scene())
+    for (payload, reason), (got, code) in zip(BAD, bad):
+        errors = [m for m in got if m[:1] == b"\x05"]
+        assert len(errors) == 1 and reason in errors[0].decode(), (reason, got[-3:])
+        assert got[-1][:1] == b"\x05"  # the reason is the last word before the close
+        assert code == 1008
+        lines = [r.getMessage() for r in caplog.records if reason in r.getMessage()]
+        assert len(lines) == 1 and "ended: " in lines[0]  # one log line each
+    # the session streaming meanwhile heard exactly what it hears alone
+    assert not good.errors and good.text == reference
+    # and the server still serves
+    again = chat(greedy_server, pages[:5], pace=None, tail_s=0.5)
+    assert again.kinds[:1] == [0] and not again.errors
+    assert wait_until(lambda: not greedy_server.state.sessions)
+
+
+def ws_frame(payload: bytes) -> bytes:
+    """One masked binary WebSocket frame, as a client sends it."""
+    n = len(payload)
+    head = bytes([0x82]) + (bytes([0x80 | n]) if n < 126 else bytes([0x80 | 126]) +
+                            n.to_bytes(2, "big") if n < 65536 else bytes([0x80 | 127]) +
+                            n.to_bytes(8, "big"))
+    mask = np.frombuffer(os.urandom(4), np.uint8)
+    data = np.frombuffer(payload, np.uint8) ^ np.resize(mask, n)
+    return head + mask.tobytes() + data.tobytes()
+
+
+def test_a_client_that_stops_reading_is_cut_off(greedy_server, caplog):
+    """A raw client keeps sending but never reads (a tiny receive buffer, nothing taken from
+    it): the kernel's and aiohttp's buffers fill, then the session's bounded send queue, and
+    the session ends with one log line, its slot free; the reason is the last thing queued."""
+    caplog.set_level(logging.INFO, logger="personaplex_edge.serve")
+    host, port = greedy_server.url.split("//")[1].rstrip("/").split(":")
+    pages = [p for p in opus_pages(speech(60.0)) if p]
+
+    def cut() -> bool:
+        return any("not reading" in r.getMessage() for r in caplog.records)
+
+    async def scene():
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect((host, int(port)))
+        sock.setblocking(False)
+        reader, writer = await asyncio.open_connection(sock=sock, limit=1024)
+        key = base64.b64encode(os.urandom(16)).decode()
+        writer.write(f"GET /api/chat HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
+                     f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                     "Sec-WebSocket-Version: 13\r\n\r\n".encode())
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 101")
+        assert await reader.readexactly(3) == b"\x82\x01\x00"  # the handshake message
+        t0 = time.monotonic()
+        for p in pages:  # as fast as the server takes them; nothing is read from here on
+            writer.write(ws_frame(b"\x01" + p))
+            await writer.drain()
+            if cut():
+                break
+            await asyncio.sleep(0.001)
+        while not cut() and time.monotonic() - t0 < 30:  # answers pile up, unread
+            await asyncio.sleep(0.05)
+        seconds = time.monotonic() - t0
+        # reading again now drains what the server had buffered, its last word included
+        rest = b""
+        try:
+            while True:
+                chunk = await asyncio.wait_for(reader.read(1 << 16), 2)
+                if not chunk:
+                    break
+                rest += chunk
+        except (asyncio.TimeoutError, ConnectionError):
+            pass
+        writer.close()
+        return seconds, rest
+
+    seconds, rest = asyncio.run(scene())
+    assert cut(), "the session was not ended"
+    lines = [r.getMessage() for r in caplog.records if "not reading" in r.getMessage()]
+    assert len(lines) == 1 and "messages wait to be sent" in lines[0]
+    assert seconds < 30
+    assert b"\x05the client is not reading" in rest
+    assert wait_until(lambda: greedy_server.state.slots_used == 0, timeout=5)
+
+
+# -- latency: drop the oldest, count it -----------------------------------------------------------
+def test_a_session_that_falls_behind_drops_its_oldest_frames(model, demo_model_dir, pages):
+    with ServerThread(ServeOptions(demo_model_dir, port=0, max_backlog=2), model=model) as srv:
+        burst = opus_pages(speech(16.0))  # 200 frames sent at once: far faster than real time
+        r = chat(srv, burst, pace=None, tail_s=3)
+        assert not r.errors
+        assert wait_until(lambda: len(srv.history()) == 1)
+        s = srv.history()[0]
+        assert s["dropped"] > 0
+        assert s["frames"] + s["dropped"] == s["received"] == len(opus_round_trip(burst)) // FRAME
+        assert r.answer_samples == s["frames"] * FRAME
+        # a frame never waits behind more than the bound: its wait stays a few ticks
+        assert s["wait_p99_ms"] < 200
+        async def metrics():
+            async with aiohttp.ClientSession() as http:
+                return await (await http.get(srv.url + "metrics")).text()
+        text = asyncio.run(metrics())
+        assert f"personaplex_dropped_frames_total {float(s['dropped'])}" in text
+
+
+# -- capacity ----------------------------------------------------------------------------------------
+async def health(url):
+    async with aiohttp.ClientSession() as http:
+        r = await http.get(url + "api/health")
+        return r.status, await r.json()
+
+
+def test_one_session_more_than_max_sessions_is_refused_busy(model, demo_model_dir, pages):
+    with ServerThread(ServeOptions(demo_model_dir, port=0, max_sessions=1), model=model) as srv:
+        async def scene():
+            holder = asyncio.create_task(talk(srv.url, opus_pages(speech(3.0)), tail_s=0.2))
+            while not srv.state.sessions or srv.state.ticker.sessions == 0:
+                await asyncio.sleep(0.01)
+            t0 = time.perf_counter()
+            refused = await talk(srv.url, pages, wait_handshake=False, tail_s=2)
+            refused_s = time.perf_counter() - t0
+            full = await health(srv.url)
+            held = await holder
+            t1 = time.perf_counter()
+            while srv.state.slots_used and time.perf_counter() - t1 < 1:
+                await asyncio.sleep(0.01)
+            freed_s = time.perf_counter() - t1
+            after = await talk(srv.url, pages[:3], pace=None, tail_s=0.3)
+            return refused, refused_s, full, held, freed_s, after
+
+        refused, refused_s, full, held, freed_s, after = asyncio.run(scene())
+        assert refused.errors == ["busy: 1 of 1 sessions"] and 0 not in refused.kinds
+        assert refused.close_code == 1013 and refused_s < 1.0
+        assert full == (503, {"status": "full", "model": srv.state.model_name, "batch": 1,
+                              "sessions": 1, "capacity": 1, "available": 0})
+        assert not held.errors and held.pieces > 0
+        assert freed_s < 1.0  # the client that left freed its slot at once
+        assert after.kinds[:1] == [0] and not after.errors
+        assert wait_until(lambda: asyncio.run(health(srv.url))[0] == 200)
+
+
+# -- token, TLS ----------------------------------------------------------------------------------
+def test_auth_token(model, demo_model_dir, pages):
+    with ServerThread(ServeOptions(demo_model_dir, port=0, auth_token="s3cret"),
+                      model=model) as srv:
+        async def scene():
+            return [await talk(srv.url, pages[:2], **kw, pace=None, tail_s=0.2) for kw in (
+                {}, {"query": "?token=guess"}, {"headers": {"Authorization": "Bearer guess"}},
+                {"query": "?token=s3cret"}, {"headers": {"Authorization": "Bearer s3cret"}})]
+
+        none, wrong_q, wrong_h, right_q, right_h = asyncio.run(scene())
+        assert none.status == wrong_q.status == wrong_h.status == 401
+        assert right_q.kinds[:1] == [0] and right_h.kinds[:1] == [0]
+        assert asyncio.run(health(srv.url))[0] == 200  # probes need no token
+
+        async def page_and_metrics():
+            async with aiohttp.ClientSession() as http:
+                index = await http.get(srv.url)
+                return index.status, await (await http.get(srv.url + "metrics")).text()
+        status, text = asyncio.run(page_and_metrics())
+        assert status == 200
+        assert 'personaplex_sessions_refused_total{reason="unauthorized"} 3.0' in text
+        assert "personaplex_sessions_opened_total 2.0" in text
+
+
+def test_ssl_serves_wss(model, demo_model_dir, pages, tmp_path):
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-keyout", str(tmp_path / "key.pem"),
+                    "-out", str(tmp_path / "cert.pem")], check=True, capture_output=True)
+    with ServerThread(ServeOptions(demo_model_dir, port=0, ssl_dir=tmp_path),
+                      model=model) as srv:
+        assert srv.url.startswith("https://")
+        r = chat(srv, pages[:3], pace=None, tail_s=0.5)
+        assert r.kinds[:1] == [0] and not r.errors
+
+
+def test_ssl_dir_without_its_files_is_a_clear_error(model, demo_model_dir, tmp_path):
+    from personaplex_edge.errors import PersonaPlexError
+
+    with pytest.raises(PersonaPlexError, match="cert.pem and key.pem missing.*openssl req"):
+        with ServerThread(ServeOptions(demo_model_dir, port=0, ssl_dir=tmp_path), model=model):
+            pass
+
+
+# -- persona errors and the plain routes -----------------------------------------------------------
+def test_a_bad_persona_ends_its_session_with_the_reason(greedy_server, pages):
+    async def scene():
+        return [await talk(greedy_server.url, pages[:2], query=q, wait_handshake=False,
+                           pace=None, tail_s=3) for q in (
+            "?voice_prompt=../../etc/passwd", "?voice_prompt=NATF0", "?text_topk=many",
+            "?text_prompt=" + "hello%20there%20" * 100)]
+
+    path, unknown, topk, long_prompt = asyncio.run(scene())
+    assert path.errors == ["query parameter voice_prompt: '../../etc/passwd' is not a voice "
+                           "name (a name from /api/voices, not a path)"]
+    assert unknown.errors == ["query parameter voice_prompt: no voice 'NATF0'; available: "
+                              "NATF2, NATM1"]
+    assert topk.errors == ["query parameter text_topk: 'many' is not a whole number"]
+    assert len(long_prompt.errors) == 1 and "more than this model's context" in \
+        long_prompt.errors[0]
+    for r in (path, unknown, topk, long_prompt):
+        assert 0 not in r.kinds and r.close_code == 1008
+
+
+def test_voices_health_and_metrics(greedy_server):
+    async def scene():
+        async with aiohttp.ClientSession() as http:
+            voices = await (await http.get(greedy_server.url + "api/voices")).json()
+            status, h = await health(greedy_server.url)
+            m = await http.get(greedy_server.url + "metrics")
+            index = await http.get(greedy_server.url)
+            js = await http.get(greedy_server.url + "static/app.js")
+            return voices, status, h, m.headers["Content-Type"], await m.text(), \
+                await index.text(), js.status
+    voices, status, h, ctype, text, index, js = asyncio.run(scene())
+    from personaplex_edge.runtime.persona import DEFAULT_TEXT_PROMPT
+
+    assert voices == {"voices": ["NATF2", "NATM1"], "default_voice": "NATF2",
+                      "default_text_prompt": DEFAULT_TEXT_PROMPT, "persona": True}
+    assert status == 200 and h["status"] == "ok" and h["capacity"] == 8
+    assert ctype.startswith("text/plain")
+    for name in ("personaplex_sessions_opened_total", "personaplex_sessions_open",
+                 "personaplex_frames_total", "personaplex_dropped_frames_total",
+                 'personaplex_frame_stage_seconds_bucket{le="0.08",stage="temporal"}',
+                 'personaplex_sessions_refused_total', "personaplex_prefill_seconds_count"):
+        assert name in text, name
+    assert re.search(r"personaplex_frames_total (\d+)", text).group(1) != "0"
+    assert "<title>personaplex-edge</title>" in index and js == 200

@@ -1,0 +1,184 @@
+"""The server's pieces that need no model: message framing, query parameters, the token check,
+the drop-oldest backlog, and sphn's Opus both ways."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("aiohttp")
+pytest.importorskip("sphn")
+
+from aiohttp.test_utils import make_mocked_request  # noqa: E402
+
+from personaplex_edge.runtime.persona import Persona  # noqa: E402
+from personaplex_edge.runtime.sampling import SamplingParams  # noqa: E402
+from personaplex_edge.runtime.serve import protocol  # noqa: E402
+from personaplex_edge.runtime.serve.auth import authorized  # noqa: E402
+from personaplex_edge.runtime.serve.opus import OpusDecoder, OpusEncoder, OpusError  # noqa: E402
+from personaplex_edge.runtime.serve.params import ParamError, Voices, parse_params  # noqa: E402
+from personaplex_edge.runtime.serve.session import FrameBacklog  # noqa: E402
+
+BANK = Voices(("NATF2", "NATM1"))
+
+
+def parse(query: dict, voices: Voices = BANK, **defaults):
+    return parse_params(query, SamplingParams(**defaults), Persona(), voices, (25, 250))
+
+
+# -- messages ---------------------------------------------------------------------------------------
+def test_server_messages_are_kind_byte_then_payload():
+    assert protocol.HANDSHAKE == b"\x00"
+    assert protocol.audio(b"OggS..") == b"\x01OggS.."
+    assert protocol.text(" héllo") == b"\x02" + " héllo".encode()
+    assert protocol.error("busy") == b"\x05busy"
+    assert protocol.metadata({"a": 1}) == b'\x04{"a":1}'
+
+
+@pytest.mark.parametrize("data, reason", [
+    (b"", "empty message"),
+    (b"\x09abc", "unknown message kind 9"),
+    (b"\xffabc", "unknown message kind 255"),
+    (b"\x02hello", r"kind 2 \(text\) is sent by servers"),
+    (b"\x05oops", r"kind 5 \(error\) is sent by servers"),
+    (b"\x01" + bytes(protocol.MAX_MESSAGE_BYTES), "over the limit"),
+])
+def test_what_a_client_cannot_send(data, reason):
+    with pytest.raises(protocol.ProtocolError, match=reason):
+        protocol.parse(data)
+
+
+def test_client_kinds_the_server_takes():
+    assert protocol.parse(b"\x01OggS") == (protocol.Kind.AUDIO, b"OggS")
+    for kind in (0x00, 0x03, 0x04, 0x06):  # read and let go
+        assert protocol.parse(bytes([kind, 1]))[0] in protocol.IGNORED_FROM_CLIENT
+    # exactly at the limit is still a message
+    assert protocol.parse(b"\x01" + bytes(protocol.MAX_MESSAGE_BYTES - 1))[0] == protocol.Kind.AUDIO
+
+
+# -- query parameters -------------------------------------------------------------------------------
+def test_missing_parameters_take_the_servers_defaults_and_unknown_ones_are_ignored():
+    p = parse({"pad_mult": "0", "repetition_penalty": "1.1", "email": "x", "worker_auth_id": "y"},
+              greedy=True, seed=5)
+    assert p.sampling == SamplingParams(greedy=True, seed=5)
+    assert p.persona == Persona()
+    assert p.stats is False
+
+
+def test_personaplex_parameters_reach_the_conversation():
+    p = parse({"text_prompt": "  You like trains. ", "voice_prompt": "NATM1.pt",
+               "text_temperature": "0.6", "text_topk": "20", "audio_temperature": "0.9",
+               "audio_topk": "100", "text_seed": "7", "audio_seed": "9", "stats": "1"})
+    assert p.persona.text_prompt == "You like trains."
+    assert p.persona.voice == "NATM1"
+    s = p.sampling
+    assert (s.temp_text, s.top_k_text, s.temp, s.top_k) == (0.6, 20, 0.9, 100)
+    assert s.seed == 7 * 2**32 + 9  # one generator draws both: both seeds make its seed
+    assert p.stats is True
+    assert parse({"text_seed": "7"}).sampling.seed == 7
+    assert parse({"audio_seed": "9"}).sampling.seed == 9
+    assert parse({"voice_prompt": "natf2"}).persona.voice == "NATF2"
+    assert parse({"text_prompt": ""}).persona.text_prompt is None
+
+
+@pytest.mark.parametrize("query, name", [
+    ({"text_temperature": "hot"}, "text_temperature"),
+    ({"text_temperature": "0"}, "text_temperature"),
+    ({"audio_temperature": "nan"}, "audio_temperature"),
+    ({"audio_temperature": "-1"}, "audio_temperature"),
+    ({"text_topk": "2.5"}, "text_topk"),
+    ({"text_topk": "26"}, "text_topk"),  # over the model's largest
+    ({"audio_topk": "0"}, "audio_topk"),
+    ({"text_seed": "-1"}, "text_seed"),
+    ({"audio_seed": "x"}, "audio_seed"),
+    ({"voice_prompt": "NOPE"}, "voice_prompt"),
+    ({"text_prompt": "x" * 5000}, "text_prompt"),
+])
+def test_a_bad_value_names_its_parameter(query, name):
+    with pytest.raises(ParamError, match=f"^query parameter {name}: ") as e:
+        parse(query)
+    assert e.value.name == name
+
+
+@pytest.mark.parametrize("value", ["../NATF2", "/etc/passwd", "voices/NATF2.pt", "..\\x.wav",
+                                   ".hidden.wav", "a\x00b"])
+def test_a_voice_prompt_is_never_a_path(value, tmp_path):
+    (tmp_path / ".hidden.wav").write_bytes(b"RIFF")
+    with pytest.raises(ParamError, match="not a voice name"):
+        parse({"voice_prompt": value}, voices=Voices(BANK.bank, tmp_path))
+
+
+def test_voice_dir_files_only_inside_it(tmp_path):
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    (voices / "alice.wav").write_bytes(b"RIFF")
+    (voices / "notes.txt").write_text("not audio")
+    outside = tmp_path / "secret.wav"
+    outside.write_bytes(b"RIFF")
+    (voices / "escape.wav").symlink_to(outside)
+    v = Voices(BANK.bank, voices)
+    assert v.names() == ["NATF2", "NATM1", "alice.wav", "escape.wav"]
+    assert parse({"voice_prompt": "alice.wav"}, voices=v).persona.voice == str(
+        (voices / "alice.wav").resolve())
+    assert parse({"voice_prompt": "alice"}, voices=v).persona.voice.endswith("alice.wav")
+    for name in ("escape.wav", "notes.txt", "secret.wav"):  # a link out, not audio, not there
+        with pytest.raises(ParamError, match="no voice"):
+            parse({"voice_prompt": name}, voices=v)
+    with pytest.raises(ParamError, match="no voice"):  # no --voice-dir: bank names only
+        parse({"voice_prompt": "alice.wav"})
+
+
+# -- the token ---------------------------------------------------------------------------------------
+def test_token_from_query_or_bearer_header():
+    def req(path="/api/chat", **headers):
+        return make_mocked_request("GET", path, headers=headers)
+
+    assert authorized(req(), None)  # no --auth-token: open
+    assert not authorized(req(), "s3cret")
+    assert not authorized(req("/api/chat?token=s3cre"), "s3cret")
+    assert not authorized(req("/api/chat?token=s3cret2"), "s3cret")
+    assert not authorized(req(Authorization="Basic s3cret"), "s3cret")
+    assert authorized(req("/api/chat?token=s3cret"), "s3cret")
+    assert authorized(req(Authorization="Bearer s3cret"), "s3cret")
+    assert authorized(req("/api/chat?token=wrong", Authorization="Bearer s3cret"), "s3cret")
+    assert authorized(req("/api/chat?token=%C3%A9t%C3%A9"), "été")
+
+
+# -- the backlog ----------------------------------------------------------------------------------
+def test_backlog_drops_the_oldest_beyond_its_bound_and_counts_them():
+    woken = []
+    b = FrameBacklog(max_backlog=2, on_ready=lambda: woken.append(1))
+    frames = [np.full(4, i, np.float32) for i in range(6)]
+    dropped = [b.push(f) for f in frames]
+    assert dropped == [0, 0, 0, 1, 1, 1]
+    assert b.dropped == 3 and b.pushed == 6 and len(woken) == 6
+    kept = [b.take()[0][0] for _ in range(3)]
+    assert kept == [3.0, 4.0, 5.0]  # the newest survive, in order
+    assert b.take() is None
+
+
+# -- Opus -------------------------------------------------------------------------------------------
+def test_opus_both_ways_in_whole_frames():
+    t = np.arange(24000 * 2) / 24000
+    pcm = (0.3 * np.sin(2 * np.pi * 330 * t)).astype(np.float32)
+    enc, dec = OpusEncoder(24000), OpusDecoder(24000, 1920)
+    frames = []
+    first = None
+    for i in range(0, pcm.shape[0], 1000):  # blocks that are not frames
+        pages = enc.encode(pcm[i:i + 1000])
+        if pages and first is None:
+            first = pages
+        if pages:
+            frames += dec.feed(pages)
+    assert first.startswith(b"OggS") and b"OpusHead" in first
+    assert frames and all(f.shape == (1920,) and f.dtype == np.float32 for f in frames)
+    out = np.concatenate(frames)
+    # the decoded tone has the input's energy (Opus is lossy, and delays by its pre-skip)
+    assert 0.5 < np.sqrt(np.mean(out[4000:] ** 2)) / np.sqrt(np.mean(pcm ** 2)) < 1.5
+
+
+@pytest.mark.parametrize("data", [b"garbage!" * 20, b"OggS" + bytes(100),
+                                  b"RIFF" + bytes(200)])
+def test_bytes_that_are_not_ogg_opus(data):
+    with pytest.raises(OpusError, match="not an Ogg/Opus stream"):
+        OpusDecoder().feed(data)
