@@ -66,6 +66,7 @@ class FakeCuda:
             cudaMemcpyHostToDevice=1, cudaMemcpyDeviceToHost=2, cudaMemcpyDeviceToDevice=3)
         self.cudaStreamCaptureMode = types.SimpleNamespace(cudaStreamCaptureModeThreadLocal=1)
         self._memory: dict[int, np.ndarray] = {}
+        self._pinned: set[int] = set()  # host allocations among _memory
         self.recording: list | None = None
         self.launches = 0
         self.copies_2d = 0
@@ -100,13 +101,23 @@ class FakeCuda:
     def cudaSetDevice(self, index):
         return (0,)
 
-    cudaMalloc = cudaMallocHost = _alloc
+    cudaMalloc = _alloc
+
+    def cudaMallocHost(self, n):
+        err, ptr = self._alloc(n)
+        self._pinned.add(ptr)
+        return err, ptr
 
     def cudaFree(self, ptr):
         self._memory.pop(ptr)
+        self._pinned.discard(ptr)
         return (0,)
 
     cudaFreeHost = cudaFree
+
+    def cudaMemGetInfo(self):
+        used = sum(b.size for p, b in self._memory.items() if p not in self._pinned)
+        return 0, self.memory - used, self.memory
 
     def cudaStreamCreateWithFlags(self, flags):
         return 0, _Stream()
@@ -197,12 +208,38 @@ class _Context:
         if not isinstance(stream, int):  # the binding takes the stream's address (size_t)
             raise TypeError(f"execute_async_v3(): stream_handle must be an int, got "
                             f"{type(stream)}")
-        tensors, sess = self.engine.tensors, self.engine.session
         bound = dict(self.addresses)  # the addresses at enqueue time, as TensorRT records them
-        missing = set(tensors) - set(bound)
+        missing = set(self.engine.tensors) - set(bound)
         shapes = dict(self.shapes)
         if missing or any(-1 in shape for shape in shapes.values()):
             return False
+        self.engine.launch(self, bound, shapes, stream)
+        return True
+
+
+class _Engine:
+    """An engine that is an onnxruntime CPU session; `launch` queues one run of it on the
+    simulated stream (a subclass over real device memory replaces launch)."""
+
+    def __init__(self, onnx_path: Path, cuda: FakeCuda | None):
+        self.cuda = cuda
+        self.session = self.open_session(onnx_path)
+        self.tensors = {}
+        for kind, values in (("INPUT", self.session.get_inputs()),
+                             ("OUTPUT", self.session.get_outputs())):
+            for v in values:
+                shape = tuple(d if isinstance(d, int) else -1 for d in v.shape)  # dynamic: -1
+                self.tensors[v.name] = (_Enum(kind), shape, _ORT_TO_TRT[v.type])
+        self.names = list(self.tensors)
+
+    def open_session(self, onnx_path: Path):
+        import onnxruntime as ort
+
+        return ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+
+    def launch(self, context, bound: dict, shapes: dict, stream: int) -> None:
+        """Queues one run: inputs read from and outputs written to the `bound` addresses."""
+        tensors, sess = self.tensors, self.session
 
         def run():
             feeds = {n: _view(bound[n], shapes[n], _DTYPES[dt]).copy()
@@ -211,23 +248,7 @@ class _Context:
             for name, value in zip(names, sess.run(names, feeds)):
                 _, _, dt = tensors[name]
                 np.copyto(_view(bound[name], value.shape, _DTYPES[dt]), value)
-        self.engine.cuda.enqueue(run)
-        return True
-
-
-class _Engine:
-    def __init__(self, onnx_path: Path, cuda: FakeCuda):
-        import onnxruntime as ort
-
-        self.cuda = cuda
-        self.session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-        self.tensors = {}
-        for kind, values in (("INPUT", self.session.get_inputs()),
-                             ("OUTPUT", self.session.get_outputs())):
-            for v in values:
-                shape = tuple(d if isinstance(d, int) else -1 for d in v.shape)  # dynamic: -1
-                self.tensors[v.name] = (_Enum(kind), shape, _ORT_TO_TRT[v.type])
-        self.names = list(self.tensors)
+        self.cuda.enqueue(run)
 
     @property
     def num_io_tensors(self):
@@ -313,11 +334,43 @@ class _BuilderConfig:
     def get_timing_cache(self):
         return self.timing_cache
 
+    def add_optimization_profile(self, profile):
+        self.profiles = getattr(self, "profiles", []) + [profile]
+        return len(self.profiles) - 1
+
+
+class _Profile:
+    """An optimization profile: (min, opt, max) per input with a dynamic dimension."""
+
+    def __init__(self):
+        self.shapes: dict = {}
+
+    def set_shape(self, name, min, opt, max):
+        for shape in (min, opt, max):
+            if not all(isinstance(d, int) and d > 0 for d in shape):
+                raise TypeError(f"set_shape({name}): every dimension must be a positive int")
+        if not all(a <= b <= c for a, b, c in zip(min, opt, max)):
+            raise ValueError(f"set_shape({name}): min <= opt <= max")
+        self.shapes[name] = (tuple(min), tuple(opt), tuple(max))
+
+
+class _Input:
+    def __init__(self, name, shape):
+        self.name, self.shape = name, shape
+
 
 class _Network:
     def __init__(self, flags: int):
         self.flags = flags
         self.onnx_path: str | None = None
+        self.inputs: list[_Input] = []
+
+    @property
+    def num_inputs(self):
+        return len(self.inputs)
+
+    def get_input(self, index):
+        return self.inputs[index]
 
 
 def _builder_api(trt, cuda: FakeCuda) -> None:
@@ -348,10 +401,16 @@ def _builder_api(trt, cuda: FakeCuda) -> None:
         def create_builder_config(self):
             return _BuilderConfig(trt, device)
 
+        def create_optimization_profile(self):
+            return _Profile()
+
         def build_serialized_network(self, network, config):
             trt.builds.append((network, config))
             if network.onnx_path is None:
                 return None
+            profiled = {n for p in getattr(config, "profiles", []) for n in p.shapes}
+            if any(-1 in i.shape and i.name not in profiled for i in network.inputs):
+                return None  # TensorRT: a dynamic input needs an optimization profile
             graph = Path(network.onnx_path).name
             if graph in trt.fail_builds:
                 return None
@@ -365,7 +424,15 @@ def _builder_api(trt, cuda: FakeCuda) -> None:
             if not Path(model).is_file():
                 self.errors.append(f"cannot open {model}")
                 return False
+            import onnx
+
             self.network.onnx_path = str(model)
+            graph = onnx.load(str(model), load_external_data=False).graph
+            inits = {i.name for i in graph.initializer}
+            self.network.inputs = [
+                _Input(v.name, tuple(d.dim_value if d.HasField("dim_value") else -1
+                                     for d in v.type.tensor_type.shape.dim))
+                for v in graph.input if v.name not in inits]
             return True
 
         @property
@@ -381,6 +448,14 @@ def _builder_api(trt, cuda: FakeCuda) -> None:
 def fake_tensorrt(cuda: FakeCuda, model_dir: Path) -> types.ModuleType:
     """A `tensorrt` module whose serialized engines name the ONNX graph to run, relative to
     `model_dir` (up to a newline: the simulated builder pads its plans after one)."""
+    trt = tensorrt_runtime(model_dir, lambda path: _Engine(path, cuda))
+    _builder_api(trt, cuda)
+    return trt
+
+
+def tensorrt_runtime(model_dir: Path, open_engine) -> types.ModuleType:
+    """The runtime half of a stand-in `tensorrt` module (no builder): deserialising a plan
+    opens `open_engine(model_dir / the graph file it names)`."""
     trt = types.ModuleType("tensorrt")
     trt.__version__ = SIMULATED_TRT_VERSION
     trt.Logger = type("Logger", (), {"WARNING": 2, "__init__": lambda self, level=2: None})
@@ -393,10 +468,9 @@ def fake_tensorrt(cuda: FakeCuda, model_dir: Path) -> types.ModuleType:
 
         def deserialize_cuda_engine(self, serialized_engine):
             name = bytes(memoryview(serialized_engine)).split(b"\n", 1)[0].decode()
-            return _Engine(model_dir / name, cuda)
+            return open_engine(model_dir / name)
 
     trt.Runtime = Runtime
-    _builder_api(trt, cuda)
     return trt
 
 
@@ -404,26 +478,37 @@ def install(monkeypatch, model_dir: Path, cuda: FakeCuda | None = None) -> FakeC
     """Patches cuda-python and TensorRT for the backends; writes a simulated engine for every
     graph of `model_dir` and records it in the manifest (the backend named there is kept),
     as built on `cuda`'s GPU (default: a "Simulated GPU" of 80 GiB, compute capability 9.0)."""
-    import dataclasses
     import sys
 
-    from personaplex_edge.manifest import load_model_dir, sha256_file, write_manifest
     from personaplex_edge.runtime.backends import cuda_runtime
-    from personaplex_edge.contract import EngineSpec
 
     cuda = cuda or FakeCuda()
     monkeypatch.setattr(cuda_runtime, "cudart", lambda: cuda)
     monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt(cuda, model_dir))
+    record_engines(model_dir, cuda.name, "9.0", cuda.memory)
+    return cuda
+
+
+def record_engines(model_dir: Path, device_name: str, compute_capability: str,
+                   memory: int, tensorrt_version: str = SIMULATED_TRT_VERSION) -> None:
+    """Writes a stand-in engine for every graph of `model_dir` (its plan: the graph's file
+    name) and records it in the manifest as built on that GPU (the backend named there is
+    kept)."""
+    import dataclasses
+
+    from personaplex_edge.contract import EngineSpec
+    from personaplex_edge.manifest import load_model_dir, sha256_file, write_manifest
+
     manifest = load_model_dir(model_dir)
     graphs = {}
     for name, entry in manifest.graphs.items():
         engine = model_dir / (Path(entry.file).stem + ".engine")
         engine.write_text(entry.file)
-        spec = EngineSpec(engine.name, sha256_file(engine), SIMULATED_TRT_VERSION, "9.0",
-                          cuda.name, manifest.precision, device_memory=cuda.memory)
+        spec = EngineSpec(engine.name, sha256_file(engine), tensorrt_version,
+                          compute_capability, device_name, manifest.precision,
+                          device_memory=memory)
         graphs[name] = dataclasses.replace(entry, engine=spec.to_dict())
     write_manifest(model_dir, dataclasses.replace(manifest, graphs=graphs))
-    return cuda
 
 
 def export_tiny(root: Path) -> Path:

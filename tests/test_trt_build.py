@@ -73,6 +73,14 @@ def test_simulated_gpu_engine_build_calls_and_record(simulated, tmp_path):
                for line in said), said
     engine = trt.Runtime(None).deserialize_cuda_engine((model / spec["file"]).read_bytes())
     assert "past_key_values.0.key" in engine.names  # helium's graph, not another
+    # helium's frames axis gets one optimization profile: kernels chosen for the live step
+    # (1 frame), calls up to a whole persona (context - 1 frames); the depformer has none
+    (helium_cfg, depformer_cfg) = [c for _, c in trt.builds]
+    (profile,) = helium_cfg.profiles
+    context = manifest.config.temporal_config.max_position_embeddings
+    assert profile.shapes["tokens"] == ((1, 1, 17), (1, 1, 17), (1, context - 1, 17))
+    assert set(profile.shapes) == {"tokens", "extra_embedding"}
+    assert not getattr(depformer_cfg, "profiles", [])
 
     write_manifest(model, manifest)
     cache.write_bytes(trt.Builder(None).create_builder_config().create_timing_cache(b"")

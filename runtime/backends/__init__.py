@@ -23,6 +23,7 @@ from personaplex_edge.errors import ModelDirError, PersonaPlexError
 from personaplex_edge.manifest import GraphEntry, Manifest
 
 from .ort import OrtModelGraph, choose_providers
+from .ort_install import side_by_side
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -90,6 +91,9 @@ def load_graphs(model_dir: str | Path, manifest: Manifest, names: Sequence[str],
     if device not in DEVICES:
         raise ModelDirError(f"unknown device {device!r}; use {', '.join(DEVICES)}")
     say = progress or (lambda line: None)
+    both = side_by_side()
+    if both:
+        say(f"warning: {both}")
     if device != "cpu" and (manifest.backend == "tensorrt"
                             or "CUDAExecutionProvider" in choose_providers("auto")):
         try:

@@ -23,6 +23,7 @@ import numpy as np
 from personaplex_edge.errors import ModelDirError
 from personaplex_edge.manifest import GraphEntry
 
+from .ort_install import import_onnxruntime
 from .state import BoundGraph, HostStore, write_ring_rows
 
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64,
@@ -43,8 +44,7 @@ def session_options(threads: int | None = None):
     the frame (measured on 2 cores, Mimi encode + decode interleaved: 62 ms with spinning,
     33 ms without, 31-38 ms with one process-wide pool, which would force every other session
     in the process onto that pool)."""
-    import onnxruntime as ort
-
+    ort = import_onnxruntime()
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = default_threads() if threads is None else threads
     opts.inter_op_num_threads = 1
@@ -55,9 +55,7 @@ def session_options(threads: int | None = None):
 
 
 def choose_providers(device: str = "auto") -> list[str]:
-    import onnxruntime as ort
-
-    available = ort.get_available_providers()
+    available = import_onnxruntime().get_available_providers()
     if device == "cpu":
         return ["CPUExecutionProvider"]
     if device == "cuda":

@@ -174,8 +174,25 @@ def _timing_cache(trt, config, cache_path: Path, progress: Progress):
             raise EngineBuildError("TensorRT could not set up a timing cache (see its log)")
 
 
+def _profile(trt, builder, network, max_frames: int):
+    """An optimization profile for a graph with a dynamic dimension (helium_step's frames axis):
+    min and opt at 1 (the live step, which the kernels are chosen for), max at `max_frames`
+    (the longest persona prefill, one call). None for a graph with fixed shapes."""
+    dynamic = [network.get_input(i) for i in range(network.num_inputs)
+               if -1 in tuple(network.get_input(i).shape)]
+    if not dynamic:
+        return None
+    profile = builder.create_optimization_profile()
+    for tensor in dynamic:
+        shape = tuple(tensor.shape)
+        low = tuple(1 if d == -1 else d for d in shape)
+        high = tuple(max_frames if d == -1 else d for d in shape)
+        profile.set_shape(tensor.name, low, low, high)
+    return profile
+
+
 def _serialize(trt, onnx_path: Path, precision: str, cache_path: Path,
-               workspace_bytes: int | None, progress: Progress):
+               workspace_bytes: int | None, progress: Progress, max_frames: int = 1):
     """Parses the graph and builds its plan; returns (plan, config, seconds)."""
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
@@ -195,6 +212,9 @@ def _serialize(trt, onnx_path: Path, precision: str, cache_path: Path,
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)
     if precision == "fp32" and hasattr(trt.BuilderFlag, "TF32"):
         config.clear_flag(trt.BuilderFlag.TF32)
+    profile = _profile(trt, builder, network, max_frames)
+    if profile is not None:
+        config.add_optimization_profile(profile)
     _timing_cache(trt, config, cache_path, progress)
     t0 = time.perf_counter()
     plan = builder.build_serialized_network(network, config)
@@ -207,7 +227,7 @@ def _serialize(trt, onnx_path: Path, precision: str, cache_path: Path,
 
 def build_engine(onnx_path: Path, engine_path: Path, precision: str,
                  timing_cache: Path | None = None, workspace_bytes: int | None = None,
-                 progress: Progress = print) -> EngineSpec:
+                 progress: Progress = print, max_frames: int = 1) -> EngineSpec:
     """Parses `onnx_path`, builds its engine into `engine_path` and returns its EngineSpec.
     Every failure is an EngineBuildError (or a CUDA error) with one message."""
     trt = _tensorrt()
@@ -220,7 +240,7 @@ def build_engine(onnx_path: Path, engine_path: Path, precision: str,
     cache_path = timing_cache or default_timing_cache(trt.__version__, info.compute_capability)
     try:
         plan, config, seconds = _serialize(trt, onnx_path, precision, cache_path,
-                                           workspace_bytes, progress)
+                                           workspace_bytes, progress, max_frames)
         tmp = engine_path.parent / f".{engine_path.name}.partial"
         with open(tmp, "wb") as f:
             f.write(memoryview(plan))
@@ -265,8 +285,10 @@ def build_engines(model_dir: str | Path, manifest: Manifest | None = None,
         engine = model_dir / (Path(entry.file).stem + ".engine")
         # each graph's own precision: the codec stays fp32 (TF32 off) inside an fp16 model,
         # and the depformer may differ from Helium
+        # a persona prefill runs up to context - 1 frames in one call of helium_step
         spec = build_engine(model_dir / entry.file, engine, entry.precision, timing_cache,
-                            workspace_bytes, progress)
+                            workspace_bytes, progress,
+                            max_frames=manifest.config.temporal_config.max_position_embeddings - 1)
         entries[name] = dataclasses.replace(entry, engine=spec.to_dict())
     return dataclasses.replace(manifest, graphs=entries, backend="tensorrt")
 
