@@ -82,6 +82,8 @@ class Lockstep:
         row = self.free_row()
         if row is None:
             raise PersonaPlexError("this lockstep batch is full")
+        # refused settings must not take the row
+        sampling.check(self._h[TEXT_NOISE].shape[-1], self._d[AUDIO_NOISE].shape[-1])
         self.members[row] = conversation
         self.reset_row(row)
         self.set_sampling(row, sampling)

@@ -380,3 +380,26 @@ def test_a_model_directory_of_the_earlier_format_still_loads(demo_model_dir, tmp
             c.prefill()
             outs.append(_run(c, pcm))
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_a_text_vocabulary_smaller_than_the_samplers_top_k_exports_and_runs(tmp_path):
+    """The sampler's largest top-k (250) is clamped to a vocabulary of 120 pieces: the export
+    no longer fails, the graph's text noise holds 120, and a sampled conversation runs with a
+    top-k up to it (above it: one message naming the limit)."""
+    from personaplex_edge.config import PersonaPlexConfig, PRESETS
+    from personaplex_edge.export.synthetic import write_synthetic_checkpoint
+
+    cfg = PersonaPlexConfig.from_dict({**PRESETS["tiny"], "text_vocab_size": 120,
+                                       "text_embedding_rows": 121})
+    ckpt = write_synthetic_checkpoint(cfg, tmp_path / "ckpt")
+    export_model(resolve_checkpoint(str(ckpt)), tmp_path / "model", progress=lambda s: None)
+    model = Model.load(tmp_path / "model", device="cpu")
+    assert model.manifest.graphs["helium_step"].inputs[3].shape == (1, 120)  # text_noise
+    with model.open_conversation(SamplingParams(seed=1, top_k_text=120),
+                                 Persona(text_prompt="Hello there.")) as conv:
+        conv.prefill()
+        tokens = [conv.step(np.zeros(1920, np.float32))[1] for _ in range(5)]
+    assert all(t is None or 0 <= t < 120 for t in tokens)
+    with pytest.raises(Exception, match="outside 1..120"):
+        model.open_conversation(SamplingParams(top_k_text=121))
+    assert model.open_conversations == 0  # the refused one took no row
