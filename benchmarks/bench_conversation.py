@@ -1,6 +1,7 @@
-"""A whole conversation frame, side by side: this project's runtime `Conversation.step` (the four ONNX
-graphs in onnxruntime, torch-free) vs moshi's own streaming pipeline (Mimi encode -> LMGen step ->
-Mimi decode, torch), on the same random weights and the same audio, greedy, on N threads.
+"""A whole conversation frame, side by side: this project's runtime `Conversation.step` (the
+four ONNX graphs in onnxruntime, torch-free) vs moshi's own streaming pipeline (Mimi encode ->
+LMGen step -> Mimi decode, torch), on the same random weights and the same audio, greedy, on
+N threads.
 
     python benchmarks/bench_conversation.py [--frames 100] [--threads 2] [--config mid|tiny]
                                             [--work DIR] [--json out.json]

@@ -290,7 +290,8 @@ def main() -> None:
           f"{args.threads} threads, float32 (weights stored bf16)")
     print(f"model: Helium d {h.hidden_size}, {h.num_hidden_layers} layers, context "
           f"{h.max_position_embeddings}; depformer d {cfg.depformer_config.hidden_size}, "
-          f"{cfg.depformer_config.num_hidden_layers} layers, {cfg.depformer_config.num_active_codebooks} steps")
+          f"{cfg.depformer_config.num_hidden_layers} layers, "
+          f"{cfg.depformer_config.num_active_codebooks} steps")
     print("onnxruntime: " + ("one thread pool shared by both sessions" if shared_pool else
                              "a pool per session, spinning off"))
     print(f"copy bandwidth (numpy, read+write, {args.threads} threads): {bandwidth / 1e9:.1f} GB/s")

@@ -8,8 +8,9 @@ reference's copy of depformer steps 8-15 out of memory; LMGen runs 8 steps eithe
 
 from __future__ import annotations
 
-MID_LM = {"temporal_config": {"hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 16,
-                     "intermediate_size": 2816, "max_position_embeddings": 3000},
+MID_LM = {"temporal_config": {"hidden_size": 1024, "num_hidden_layers": 8,
+                              "num_attention_heads": 16, "intermediate_size": 2816,
+                              "max_position_embeddings": 3000},
           "depformer_config": {"dep_q": 8, "num_active_codebooks": 8}}
 
 

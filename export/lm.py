@@ -251,7 +251,8 @@ def example_inputs(specs: list[TensorSpec], cfg: PersonaPlexConfig, seed: int = 
             t[..., -1] = -1  # one stream contributing nothing
             out[s.name] = t.astype(np.int64)
         elif s.name == "position":
-            out[s.name] = np.full(s.shape, cfg.temporal_config.max_position_embeddings + 3, np.int64)
+            past_context = cfg.temporal_config.max_position_embeddings + 3  # the ring wrapped
+            out[s.name] = np.full(s.shape, past_context, np.int64)
         elif s.name == "text_token":
             out[s.name] = rng.integers(0, cfg.text_vocab_size, size=s.shape).astype(np.int64)
         elif s.name.endswith("noise"):

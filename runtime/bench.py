@@ -96,8 +96,8 @@ def run_bench(model: Model, frames: int = 200, warmup: int = 10, streams: int = 
               pcm: np.ndarray | None = None, front: Callable | None = None) -> BenchResult:
     """Runs `streams` conversations for warmup + frames rounds on `pcm` (24 kHz; the bundled
     speech sample looped by default), each with its own seed. `front(conversation)`, when
-    given, makes a stream's stage in front of the model (the echo canceller: `clean = stage(frame)`, then
-    `stage.played(answer)`)."""
+    given, makes a stream's stage in front of the model (the echo canceller:
+    `clean = stage(frame)`, then `stage.played(answer)`)."""
     if streams < 1:
         raise PersonaPlexError("--streams must be at least 1")
     if pcm is None:

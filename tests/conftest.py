@@ -42,8 +42,9 @@ def tiny_codec_checkpoint(tmp_path_factory, tiny_cfg, tiny_mimi_ref) -> Path:
     root = tmp_path_factory.mktemp("tiny_ckpt")
     save_published(tiny_mimi_ref, root / MIMI_FILE)
     (root / CONFIG_FILE).write_text(json.dumps(
-        {"model_type": "personaplex", "version": "7b-v1", "mimi_config": tiny_cfg.to_dict()["mimi_config"],
-         "temporal_config": tiny_cfg.to_dict()["temporal_config"], "depformer_config": tiny_cfg.to_dict()["depformer_config"]}))
+        {"model_type": "personaplex", "version": "7b-v1",
+         **{k: tiny_cfg.to_dict()[k] for k in ("mimi_config", "temporal_config",
+                                               "depformer_config")}}))
     return root
 
 

@@ -44,7 +44,8 @@ def test_published_layout_matches_expected_shapes(bundle):
 
 
 @pytest.mark.parametrize("change, tensor", [
-    ({"temporal_config": {"intermediate_size": 160}}, "transformer.layers.0.gating.linear_in.weight"),
+    ({"temporal_config": {"intermediate_size": 160}},
+     "transformer.layers.0.gating.linear_in.weight"),
     ({"depformer_config": {"dep_q": 12, "num_active_codebooks": 8}},
      "depformer.layers.0.self_attn.in_proj_weight"),
     ({"text_vocab_size": 31999, "text_embedding_rows": 32000}, "text_linear.weight"),

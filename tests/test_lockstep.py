@@ -46,8 +46,8 @@ SETTINGS = [(SamplingParams(greedy=True), Persona(text_prompt="You are a helpful
 def test_rows_joining_and_leaving_equal_each_conversation_alone(batch_model_dir):
     """Three conversations in one batch of 3: the second joins 6 ticks in, the third 21 ticks
     in (so the rows run at different positions), the second brings no frame to every fifth
-    tick (its row is held), the first leaves after 40 frames, and a fourth takes its row. Each conversation's
-    answer (greedy and sampled) equals that conversation run alone on the same model."""
+    tick (its row is held), the first leaves after 40 frames, and a fourth takes its row.
+    Each conversation's answer (greedy and sampled) equals that conversation run alone on the same model."""
     model = Model.load(batch_model_dir, device="cpu")
     assert model.batch == BATCH
     n = 40

@@ -362,10 +362,12 @@ def test_frugal_export_memory_bound(tmp_path):
     """d = 1024, text vocab 32000, 2 layers: peak RSS of the whole export (check included) within
     1.3 x the float32 weights written + 1 GB. Holding the weights in torch and in onnxruntime at
     once (the in-memory path) needs ~2.5 GB here and fails it."""
-    cfg = {"temporal_config": {"hidden_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 8,
-                      "intermediate_size": 2816, "max_position_embeddings": 250},
-           "depformer_config": {"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-                         "head_dim": 64, "intermediate_size": 704}}
+    cfg = {"temporal_config": {"hidden_size": 1024, "num_hidden_layers": 2,
+                               "num_attention_heads": 8, "intermediate_size": 2816,
+                               "max_position_embeddings": 250},
+           "depformer_config": {"hidden_size": 256, "num_hidden_layers": 2,
+                                "num_attention_heads": 4, "head_dim": 64,
+                                "intermediate_size": 704}}
     args = [sys.executable, "-c", _RSS_CHILD, json.dumps(cfg), str(tmp_path / "lm.safetensors"),
             str(tmp_path / "out")]
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
@@ -403,7 +405,8 @@ def test_reduced_check_for_graphs_too_large_to_run(tmp_path, monkeypatch):
     with open(tmp_path / "depformer_step.onnx.data", "r+b") as f:
         f.seek(offset)
         f.write(np.float32(1e3).tobytes())  # the first element of step 7's slice
-    row = 7 * 3 * bundle.cfg.depformer_config.hidden_size  # the slice's first row in the packed tensor
+    # the slice's first row in the packed tensor
+    row = 7 * 3 * bundle.cfg.depformer_config.hidden_size
     with pytest.raises(ExportMismatch, match=rf"in_projs\.7\.weight row {row} of "
                                              r"'depformer\.layers\.0\.self_attn\.in_proj"):
         lm.spot_check_weights(tmp_path / "depformer_step.onnx", plans, header)

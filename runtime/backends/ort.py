@@ -24,7 +24,7 @@ from personaplex_edge.errors import ModelDirError
 from personaplex_edge.manifest import GraphEntry
 
 from .ort_install import import_onnxruntime
-from .state import BoundGraph, HostStore, write_ring_rows
+from .state import BoundGraph, HostStore, dims_agree, write_ring_rows
 
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64,
               "int32": np.int32, "bool": np.bool_}
@@ -129,12 +129,10 @@ def _dims(shape) -> tuple:
 
 
 def _agrees(want, have) -> bool:
-    """A manifest shape agrees with the graph's where every fixed dimension is equal; a
-    dynamic one (-1 on the graph's side) takes the manifest's size."""
+    """(shape, dtype) of the manifest against the graph's (see dims_agree)."""
     if want is None or have is None:
         return want == have
-    (ws, wt), (hs, ht) = want, have
-    return wt == ht and len(ws) == len(hs) and all(h == -1 or h == w for w, h in zip(ws, hs))
+    return want[1] == have[1] and dims_agree(want[0], have[0])
 
 
 class OrtGraph(BoundGraph):

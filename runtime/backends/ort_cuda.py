@@ -31,9 +31,9 @@ from personaplex_edge.manifest import GraphEntry
 
 from .cuda_runtime import (DeviceBuffer, PinnedArray, Stream, call, copy_to_device, copy_to_host,
                            fill_zero)
-from .device_rings import DeviceRings, DeviceStore, RingPositions, bind_rings_to_ort
+from .device_graph import DeviceGraph
+from .device_rings import bind_rings_to_ort
 from .ort import check_signature
-from .state import BoundGraph
 
 
 def cuda_providers(stream: Stream, device_id: int = 0, tensorrt: bool = False,
@@ -122,32 +122,14 @@ def refuse_cuda_graph(ort_version: str, tensorrt: bool) -> None:
                             "(export --backend tensorrt) for captured frames")
 
 
-class OrtCudaGraph(BoundGraph):
+class OrtCudaGraph(DeviceGraph):
     def __init__(self, graph: OrtCudaModelGraph):
         import onnxruntime as ort
 
-        entry = self.entry = graph.entry
         self.graph = graph
-        self.device = "cuda"
-        self.stream = graph.stream
-        self.batch = entry.inputs[0].shape[0]
+        self._allocate(graph.entry, graph.stream)  # the session's stream: it runs on it
         self._session = graph.session
         self._device_id = graph.device_id
-        self._pinned_in = {t.name: PinnedArray(t.shape, t.dtype) for t in entry.inputs}
-        self._pinned_out = {t.name: PinnedArray(t.shape, t.dtype) for t in entry.outputs}
-        self.inputs = {n: p.array for n, p in self._pinned_in.items()}
-        self.outputs = {n: p.array for n, p in self._pinned_out.items()}
-        self._dev_in = {n: DeviceBuffer(p.array.nbytes) for n, p in self._pinned_in.items()}
-        self._dev_out = {n: DeviceBuffer(p.array.nbytes) for n, p in self._pinned_out.items()}
-        self._state = [{s.name: DeviceBuffer(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize)
-                        for s in entry.state} for _ in range(2)]
-        self._stores = [{s.name: DeviceStore(st[s.name].ptr, s.shape, s.dtype, self.stream)
-                         for s in entry.state} for st in self._state]
-        self.rings = DeviceRings(entry.rings, self.stream)
-        self._ring_stores = {r.input_name: DeviceStore(self.rings.ring_ptr[r.input_name],
-                                                       r.shape, r.dtype, self.stream)
-                             for r in entry.rings}
-        self._positions = RingPositions(entry, self.inputs, np.dtype)
         self._bindings = [self._bind(read=i, write=1 - i) for i in range(2)]
         self._run_options = []
         for parity in range(2):
@@ -155,7 +137,6 @@ class OrtCudaGraph(BoundGraph):
             if graph.cuda_graph:  # one captured graph per ping-pong parity
                 opts.add_run_config_entry("gpu_graph_id", str(parity + 1))
             self._run_options.append(opts)
-        self._turn = 0
         self.reset()
 
     def _bind(self, read: int, write: int):
@@ -189,23 +170,9 @@ class OrtCudaGraph(BoundGraph):
         self.rings.write(positions, self.stream, active)
         for name, pinned in self._pinned_out.items():
             copy_to_host(pinned.array, self._dev_out[name].ptr, self.stream, pinned.ptr)
-        self._positions.after_run({n: b.ptr for n, b in self._state[1 - self._turn].items()},
-                                  self.stream)
+        self._positions.after_run(self._state_ptrs(1 - self._turn), self.stream)
         self.stream.synchronize()
-
-    def _positions_changed(self) -> None:
-        self._positions.sync({n: b.ptr for n, b in self._state[self._turn].items()},
-                             self.stream)
 
     def close(self) -> None:
-        """Frees the device memory now (otherwise when the graph is collected); pinned host
-        buffers go with the last view of them."""
-        self.stream.synchronize()
         self._session = self._bindings = None
-        for buf in (*self._dev_in.values(), *self._dev_out.values(),
-                    *(b for s in self._state for b in s.values())):
-            buf.close()
-        for pinned in (*self._pinned_in.values(), *self._pinned_out.values()):
-            pinned.close()
-        self.rings.close()
-        self._positions.close()
+        super().close()  # the stream is the session's: it stays

@@ -82,6 +82,12 @@ def check_state(entry: GraphEntry, arrays: dict[str, np.ndarray],
     return checked
 
 
+def dims_agree(want: tuple, have: tuple) -> bool:
+    """A manifest's shape against a graph's or engine's: every fixed dimension equal; a
+    dynamic one (-1 on the graph's side: Helium's frames axis) takes the manifest's size."""
+    return len(want) == len(have) and all(h == -1 or h == w for w, h in zip(want, have))
+
+
 def copy_input(entry_file: str, inputs: dict[str, np.ndarray], name: str,
                value: np.ndarray) -> None:
     """Copies `value` into the host input array `inputs[name]` (a same-kind cast, the shape

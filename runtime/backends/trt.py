@@ -33,7 +33,8 @@ from personaplex_edge.manifest import GraphEntry, Manifest
 from .cuda_runtime import (CudaError, DeviceBuffer, PinnedArray, Stream, call, copy_to_device,
                            copy_to_host, device_info, fill_zero)
 from .device_rings import ALIGN, DeviceRings, DeviceStore, RingPositions
-from .state import BoundGraph, host_dtype
+from .device_graph import DeviceGraph
+from .state import dims_agree, host_dtype
 from .trt_engine import check_compatible, check_engine_file, engine_spec
 
 # TensorRT DataType names -> manifest dtypes
@@ -52,9 +53,6 @@ def import_tensorrt():
             f"again with --backend onnx ({e})") from e
     return tensorrt
 
-
-def _nbytes(shape, dtype: str) -> int:
-    return int(np.prod(shape, dtype=np.int64)) * host_dtype(dtype).itemsize
 
 
 class TrtEngine:
@@ -127,52 +125,29 @@ class TrtEngine:
 
 
 def _agrees(want, have) -> bool:
-    """As in ort.py: a dynamic engine dimension (-1) takes the manifest's size."""
+    """(mode, shape, dtype) of the manifest against the engine's (see dims_agree)."""
     if want is None or have is None:
         return want == have
-    return (want[0] == have[0] and want[2] == have[2] and len(want[1]) == len(have[1])
-            and all(h == -1 or h == w for w, h in zip(want[1], have[1])))
+    return want[0] == have[0] and want[2] == have[2] and dims_agree(want[1], have[1])
 
 
-class TrtGraph(BoundGraph):
+class TrtGraph(DeviceGraph):
     """One conversation batch on an engine (see the module docstring)."""
 
     def __init__(self, graph: TrtEngine, stream: Stream | None = None):
-        entry = self.entry = graph.entry
         self.graph = graph
-        self.device = "cuda"
-        self.batch = entry.inputs[0].shape[0]
         call("cudaSetDevice", graph.device_index)
-        self.stream = stream or Stream()
         self._own_stream = stream is None
+        self._allocate(graph.entry, stream or Stream())
         self.context = graph.engine.create_execution_context()
-        for t in entry.inputs:  # fixes any dynamic dimension at the manifest's size
+        for t in self.entry.inputs:  # fixes any dynamic dimension at the manifest's size
             if -1 in tuple(graph.engine.get_tensor_shape(t.name)):
                 self.context.set_input_shape(t.name, tuple(t.shape))
-
-        self._pinned_in = {t.name: PinnedArray(t.shape, host_dtype(t.dtype))
-                           for t in entry.inputs}
-        self._pinned_out = {t.name: PinnedArray(t.shape, host_dtype(t.dtype))
-                            for t in entry.outputs}
-        self.inputs = {n: p.array for n, p in self._pinned_in.items()}
-        self.outputs = {n: p.array for n, p in self._pinned_out.items()}
-        self._dev_in = {t.name: DeviceBuffer(_nbytes(t.shape, t.dtype)) for t in entry.inputs}
-        self._dev_out = {t.name: DeviceBuffer(_nbytes(t.shape, t.dtype)) for t in entry.outputs}
         self._linked: dict[str, int] = {}  # input -> device address of another graph's output
-        self._state = [{s.name: DeviceBuffer(_nbytes(s.shape, s.dtype)) for s in entry.state}
-                       for _ in range(2)]
-        self._stores = [{s.name: DeviceStore(st[s.name].ptr, s.shape, s.dtype, self.stream)
-                         for s in entry.state} for st in self._state]
-        self.rings = DeviceRings(entry.rings, self.stream)
-        self._ring_stores = {r.input_name: DeviceStore(self.rings.ring_ptr[r.input_name],
-                                                       r.shape, r.dtype, self.stream)
-                             for r in entry.rings}
-        self._positions = RingPositions(entry, self.inputs, host_dtype)
         for name, buf in (*self._dev_in.items(), *self._dev_out.items()):
             self._set_address(name, buf.ptr)
         for name, ptr in (*self.rings.ring_ptr.items(), *self.rings.row_ptr.items()):
             self._set_address(name, ptr)
-        self._turn = 0
         self.reset()
 
     def _set_address(self, name: str, ptr: int) -> None:
@@ -215,7 +190,7 @@ class TrtGraph(BoundGraph):
             self.rings.write(positions, self.stream, active)
         for name, pinned in self._pinned_out.items():
             copy_to_host(pinned.array, self._dev_out[name].ptr, self.stream, pinned.ptr)
-        self._positions.after_run({n: b.ptr for n, b in write.items()}, self.stream)
+        self._positions.after_run(self._state_ptrs(1 - self._turn), self.stream)
 
     def _call(self, active: list[int] | None) -> None:
         if self.context is None:
@@ -223,21 +198,6 @@ class TrtGraph(BoundGraph):
         self.enqueue(active=active)
         self.stream.synchronize()
 
-    def _positions_changed(self) -> None:
-        self._positions.sync({n: b.ptr for n, b in self._state[self._turn].items()},
-                             self.stream)
-
     def close(self) -> None:
-        """Frees the device memory now (otherwise when the graph is collected); pinned host
-        buffers go with the last view of them."""
-        self.stream.synchronize()
-        for buf in (*self._dev_in.values(), *self._dev_out.values(),
-                    *(b for s in self._state for b in s.values())):
-            buf.close()
-        for pinned in (*self._pinned_in.values(), *self._pinned_out.values()):
-            pinned.close()
-        self.rings.close()
-        self._positions.close()
+        super().close()
         self.context = None
-        if self._own_stream:
-            self.stream.close()
