@@ -663,3 +663,44 @@ def test_gpu_runtime_and_precision_modules_do_not_import_torch():
     code = ("import sys\n" + "".join(f"import {m}\n" for m in modules)
             + "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_simulated_gpu_persona_prefill_in_one_engine_call(simulated):
+    """Host-side plumbing on the simulated GPU: on a TensorRT model the persona's forced frames
+    run as one call of helium's engine (its own execution context, the frames axis inside the
+    optimization profile) and land in the device rings at their slots, in a few strided copies
+    per ring; the conversation after equals the one after frame-by-frame prefill, and the one
+    onnxruntime runs on the CPU."""
+    from personaplex_edge.manifest import write_manifest
+    from personaplex_edge.runtime.model import Model
+    from personaplex_edge.runtime.persona import Persona, build_persona
+    from personaplex_edge.runtime.sampling import SamplingParams
+
+    model_dir, cuda = simulated
+    cpu_model = Model.load(model_dir, device="cpu")
+    write_manifest(model_dir, dataclasses.replace(load_model_dir(model_dir), backend="tensorrt"))
+    gpu_model = Model.load(model_dir)
+    persona = Persona(text_prompt="Hello there.", voice="NATF2")
+    pcm = (np.random.default_rng(4).standard_normal(30 * 1920) * 0.1).astype(np.float32)
+    runs = {}
+    for name, model, frame_by_frame in (("gpu, one call", gpu_model, False),
+                                        ("gpu, per frame", gpu_model, True),
+                                        ("cpu, one call", cpu_model, False)):
+        with model.open_conversation(SamplingParams(greedy=True), persona) as conv:
+            assert conv.group.framed
+            plan = build_persona(model, persona)
+            copies = cuda.copies_2d
+            conv.group.prefill_forced(conv.row, plan, frame_by_frame=frame_by_frame)
+            if name == "gpu, one call":  # 4 rings, no wrap: one copy each
+                assert cuda.copies_2d - copies == 4
+            rings = conv.group.helium.ring_prefix([conv.row], len(plan) - 1)
+            conv.group.prefill_last(conv.row, plan)
+            frames = []
+            for i in range(30):
+                conv.step(pcm[i * 1920:(i + 1) * 1920])
+                frames.append(conv.last_frame.copy())
+            runs[name] = (rings, np.array(frames))
+    for name in ("gpu, per frame", "cpu, one call"):
+        np.testing.assert_array_equal(runs[name][1], runs["gpu, one call"][1], err_msg=name)
+        for ring, value in runs[name][0].items():
+            np.testing.assert_allclose(value, runs["gpu, one call"][0][ring], atol=1e-5)

@@ -74,6 +74,7 @@ class DeviceRings:
         # per ring: (ring address, rows address, rows per batch row (H), slots, bytes per slot
         # row, rows per call, position name), for rows written at their own slots
         self._rings: list[tuple[int, int, int, int, int, int, str]] = []
+        self._by_output: dict[str, tuple[int, int, int, int, int, int, str]] = {}
         self._buffers: list[DeviceBuffer] = []
         by_geometry: dict[tuple, list[RingSpec]] = {}
         for s in self.specs:
@@ -91,6 +92,7 @@ class DeviceRings:
                 self.row_ptr[s.output_name] = rows.ptr + i * stride * rows_per_call * inner
                 self._rings.append((self.ring_ptr[s.input_name], self.row_ptr[s.output_name],
                                     outer // s.shape[0], slots, inner, rows_per_call, position))
+                self._by_output[s.output_name] = self._rings[-1]
             self._groups.append((rings.ptr, rows.ptr, height, slots, inner, rows_per_call,
                                  position))
         # Zeros: a masked slot gets probability 0, but 0 * NaN is NaN, so slots never written
@@ -129,6 +131,23 @@ class DeviceRings:
                     copy_rows(ring + (b * heads * slots + slot) * inner, slots * inner,
                               new + (b * heads * per_call + r) * inner, per_call * inner,
                               inner, heads, stream)
+
+    def write_frames(self, new_rows: dict[str, int], count: int,
+                     positions: dict[str, np.ndarray], stream: Stream, rows: list[int]) -> None:
+        """After a call over `count` frames: each ring's new rows (`new_rows[output name]`, a
+        device buffer [B, H, count, Dh]) go to slots p[b]..p[b] + count - 1 of batch row b,
+        for the `rows` given: one strided copy per ring and row (two where the slots wrap)."""
+        for name, src in new_rows.items():
+            ring, _, heads, slots, inner, _, position = self._by_output[name]
+            for b in rows:
+                done = 0
+                while done < count:
+                    slot = (int(positions[position][b]) + done) % slots
+                    n = min(count - done, slots - slot)  # up to the end of the ring
+                    copy_rows(ring + (b * heads * slots + slot) * inner, slots * inner,
+                              src + (b * heads * count + done) * inner, count * inner,
+                              n * inner, heads, stream)
+                    done += n
 
     @property
     def nbytes(self) -> int:

@@ -29,8 +29,7 @@ import numpy as np
 from personaplex_edge.errors import ModelDirError
 from personaplex_edge.manifest import GraphEntry
 
-from .cuda_runtime import (DeviceBuffer, PinnedArray, Stream, call, copy_to_device, copy_to_host,
-                           fill_zero)
+from .cuda_runtime import Stream, call, copy_to_device, copy_to_host
 from .device_graph import DeviceGraph
 from .device_rings import bind_rings_to_ort
 from .ort import check_signature

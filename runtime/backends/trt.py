@@ -30,10 +30,10 @@ import numpy as np
 from personaplex_edge.errors import ModelDirError, StateError
 from personaplex_edge.manifest import GraphEntry, Manifest
 
-from .cuda_runtime import (CudaError, DeviceBuffer, PinnedArray, Stream, call, copy_to_device,
-                           copy_to_host, device_info, fill_zero)
-from .device_rings import ALIGN, DeviceRings, DeviceStore, RingPositions
-from .device_graph import DeviceGraph
+from .cuda_runtime import (CudaError, DeviceBuffer, Stream, call, copy_to_device, copy_to_host,
+                           device_info)
+from .device_graph import DeviceGraph, nbytes
+from .device_rings import ALIGN
 from .state import dims_agree, host_dtype
 from .trt_engine import check_compatible, check_engine_file, engine_spec
 
@@ -144,6 +144,7 @@ class TrtGraph(DeviceGraph):
             if -1 in tuple(graph.engine.get_tensor_shape(t.name)):
                 self.context.set_input_shape(t.name, tuple(t.shape))
         self._linked: dict[str, int] = {}  # input -> device address of another graph's output
+        self._frames_context = None  # run_frames' own context, made on first use
         for name, buf in (*self._dev_in.items(), *self._dev_out.items()):
             self._set_address(name, buf.ptr)
         for name, ptr in (*self.rings.ring_ptr.items(), *self.rings.row_ptr.items()):
@@ -192,6 +193,66 @@ class TrtGraph(DeviceGraph):
             copy_to_host(pinned.array, self._dev_out[name].ptr, self.stream, pinned.ptr)
         self._positions.after_run(self._state_ptrs(1 - self._turn), self.stream)
 
+    def run_frames(self, frames: dict[str, np.ndarray], active: list[int]) -> None:
+        """One call over F frames (helium_step's frames axis, within the engine's optimization
+        profile): `frames` holds the framed inputs [B, F, ...]; the other inputs are `inputs`
+        as they are. The F new K/V rows of each `active` row go to its slots position[b]..;
+        the other rows are not written. It runs on an execution context of its own, so the
+        live step's context (and a CUDA graph captured on it) keeps its shapes and addresses;
+        the per-call buffers are made for the call (once per persona, not per frame)."""
+        if self.context is None:
+            raise ModelDirError(f"{self.entry.file}: this graph was closed")
+        if self.entry.state:
+            raise ModelDirError(f"{self.entry.file}: a call over several frames is for graphs "
+                                "without state tensors")
+        count = next(iter(frames.values())).shape[1]
+        if self._frames_context is None:
+            self._frames_context = self.graph.engine.create_execution_context()
+        ctx, temps = self._frames_context, []
+
+        def address(name: str, ptr: int) -> None:
+            if ptr % ALIGN or not ctx.set_tensor_address(name, ptr):
+                raise CudaError(f"TensorRT refused the address of {name} in {self.entry.file}")
+
+        try:
+            for t in self.entry.inputs:
+                if t.name in frames:
+                    a = np.ascontiguousarray(frames[t.name], host_dtype(t.dtype))
+                    buf = DeviceBuffer(a.nbytes)
+                    temps.append(buf)
+                    copy_to_device(buf.ptr, a, self.stream)
+                    ptr, shape = buf.ptr, a.shape
+                else:
+                    ptr, shape = self._linked.get(t.name, self._dev_in[t.name].ptr), t.shape
+                    if t.name not in self._linked:
+                        pinned = self._pinned_in[t.name]
+                        copy_to_device(ptr, pinned.array, self.stream, pinned.ptr)
+                if not ctx.set_input_shape(t.name, tuple(shape)):
+                    raise CudaError(f"{self.entry.file}: {count} frames are outside the "
+                                    "engine's optimization profile; rebuild the engines")
+                address(t.name, ptr)
+            for t in self.entry.outputs:
+                address(t.name, self._dev_out[t.name].ptr)
+            new_rows = {}
+            for r in self.entry.rings:
+                address(r.input_name, self.rings.ring_ptr[r.input_name])
+                shape = list(r.rows_shape)
+                shape[r.axis] = count
+                buf = DeviceBuffer(nbytes(shape, r.dtype))
+                temps.append(buf)
+                new_rows[r.output_name] = buf.ptr
+                address(r.output_name, buf.ptr)
+            positions = self._positions.now()
+            if not ctx.execute_async_v3(self.stream.handle):
+                raise CudaError(f"TensorRT could not run {self.entry.file} (see its log above)")
+            self.rings.write_frames(new_rows, count, positions, self.stream, active)
+            for name, pinned in self._pinned_out.items():
+                copy_to_host(pinned.array, self._dev_out[name].ptr, self.stream, pinned.ptr)
+            self.stream.synchronize()  # the pageable sources and the temporaries outlive it
+        finally:
+            for buf in temps:
+                buf.close()
+
     def _call(self, active: list[int] | None) -> None:
         if self.context is None:
             raise ModelDirError(f"{self.entry.file}: this graph was closed")
@@ -200,4 +261,4 @@ class TrtGraph(DeviceGraph):
 
     def close(self) -> None:
         super().close()
-        self.context = None
+        self.context = self._frames_context = None
