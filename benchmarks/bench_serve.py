@@ -6,7 +6,7 @@ measure their round trip (a frame sent -> its answer frame decoded).
 
     python benchmarks/bench_serve.py --model demo --clients 4 --seconds 60
     python benchmarks/bench_serve.py --model demo --sweep --seconds 20 [--json out.json]
-    python benchmarks/bench_serve.py --model mid --sweep --seconds 20
+    python benchmarks/bench_serve.py --model mid --sweep --seconds 20 [--precision int8]
 
 "Keeps up" means: zero drops in every session and every session's frame p99 under 80 ms.
 `--sweep` raises the number of clients until that fails and reports the largest that held.
@@ -264,6 +264,7 @@ def run_load(srv: ServerThread, n: int, seconds: float) -> dict:
         time.sleep(0.05)
     sessions = srv.history()[before:]
     rt = [ClientResult(**c).round_trip() for c in clients]
+    dropped = sum(s["dropped"] for s in sessions)
     ok = (len(sessions) == n and all(s["dropped"] == 0 for s in sessions)
           and all(s.get("frame_p99_ms", 1e9) < 80.0 for s in sessions)
           and all(not c["errors"] for c in clients))
@@ -273,14 +274,21 @@ def run_load(srv: ServerThread, n: int, seconds: float) -> dict:
             "frame_p50_ms": [round(s.get("frame_p50_ms", 0), 2) for s in sessions],
             "frame_p99_ms": [round(s.get("frame_p99_ms", 0), 2) for s in sessions],
             "frame_max_ms": [round(s.get("frame_max_ms", 0), 2) for s in sessions],
-            "round_trip_p50_ms": [round(r.get("p50", 0), 1) for r in rt],
-            "round_trip_p99_ms": [round(r.get("p99", 0), 1) for r in rt],
+            # a client pairs its k-th answer with its k-th frame sent: meaningless once
+            # frames were dropped
+            "round_trip_p50_ms": [round(r.get("p50", 0), 1) for r in rt] if not dropped
+            else None,
+            "round_trip_p99_ms": [round(r.get("p99", 0), 1) for r in rt] if not dropped
+            else None,
+            "handshake_ms": [round(1000 * c["handshake_s"], 1) if c["handshake_s"] else None
+                             for c in clients],  # connect -> handshake (default persona: cached)
             "errors": [e for c in clients for e in c["errors"]]}
 
 
-def mid_model_dir() -> Path:
-    """The mid LM with the real-size Mimi, exported once into models/mid."""
-    out = ROOT / "models" / "mid"
+def mid_model_dir(precision: str = "fp32") -> Path:
+    """The mid LM with the real-size Mimi, exported once into models/mid (models/mid-int8 for
+    --precision int8, ...)."""
+    out = ROOT / "models" / ("mid" if precision == "fp32" else f"mid-{precision}")
     if (out / "manifest.json").is_file():
         return out
     import tempfile
@@ -291,10 +299,10 @@ def mid_model_dir() -> Path:
     from personaplex_edge.export.model_export import export_model
     from personaplex_edge.export.synthetic import write_synthetic_checkpoint
 
-    log("exporting the mid model into models/mid (once)")
+    log(f"exporting the mid model into {out} (once)")
     with tempfile.TemporaryDirectory() as tmp:
         write_synthetic_checkpoint(mid_config(), tmp)
-        export_model(resolve_checkpoint(tmp), out, progress=log)
+        export_model(resolve_checkpoint(tmp), out, precision=precision, progress=log)
     return out
 
 
@@ -303,7 +311,8 @@ def print_run(r: dict) -> None:
         f"{'keeps up' if r['keeps_up'] else 'FALLS BEHIND'}; dropped {sum(r['dropped'])}; "
         f"frame p99 (worst session) {max(r['frame_p99_ms'] or [0]):.1f} ms, p50 "
         f"{np.median(r['frame_p50_ms'] or [0]):.1f} ms; round trip p99 (worst) "
-        f"{max(r['round_trip_p99_ms'] or [0]):.1f} ms"
+        + (f"{max(r['round_trip_p99_ms'] or [0]):.1f} ms" if r["round_trip_p99_ms"] is not None
+           else "n/a (frames dropped)")
         + (f"; errors: {r['errors'][:2]}" if r["errors"] else ""))
 
 
@@ -311,6 +320,8 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="demo", help="demo, mid, or a model directory")
+    p.add_argument("--precision", default="fp32",
+                   help="with --model mid: the export's --precision (fp32, int8, ...)")
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--seconds", type=float, default=60.0)
     p.add_argument("--sweep", action="store_true",
@@ -323,7 +334,8 @@ def main() -> None:
     from personaplex_edge.cli import resolve_model
     from personaplex_edge.runtime.serve.server import ServeOptions
 
-    model_dir = mid_model_dir() if args.model == "mid" else resolve_model(args.model, log)
+    model_dir = (mid_model_dir(args.precision) if args.model == "mid"
+                 else resolve_model(args.model, log))
     counts = [args.clients]
     if args.sweep:
         counts = [1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64]

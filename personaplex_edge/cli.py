@@ -354,7 +354,8 @@ def cmd_serve(args) -> int:
         voice_dir=Path(args.voice_dir) if args.voice_dir else None, sampling=_sampling(args),
         persona=Persona(text_prompt=args.text_prompt, voice=args.voice_prompt,
                         enabled=not args.no_persona),
-        max_backlog=args.max_backlog_frames, device=args.device, threads=args.threads),
+        max_backlog=args.max_backlog_frames, device=args.device, threads=args.threads,
+        persona_cache=_persona_cache(args, _note)),
         progress=_note)
 
 

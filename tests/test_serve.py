@@ -374,3 +374,38 @@ def test_voices_health_and_metrics(greedy_server):
         assert name in text, name
     assert re.search(r"personaplex_frames_total (\d+)", text).group(1) != "0"
     assert "<title>personaplex-edge</title>" in index and js == 200
+
+
+# -- a batch-B model: sessions share lockstep ticks ---------------------------------------------
+def test_a_batch_model_steps_its_sessions_in_lockstep(tmp_path_factory, pages):
+    """On a model exported with --batch 2, three sessions at once (two share one lockstep
+    group, the third opens a second): ticks step several sessions in one call, and each
+    session's greedy text is still exactly that of `run` on the same model."""
+    from personaplex_edge.config import preset
+    from personaplex_edge.export.hub import resolve_checkpoint
+    from personaplex_edge.export.model_export import export_model
+    from personaplex_edge.export.synthetic import write_synthetic_checkpoint
+
+    ckpt = write_synthetic_checkpoint(preset("demo"), tmp_path_factory.mktemp("ckpt_b2"))
+    model_dir = tmp_path_factory.mktemp("demo_b2") / "model"
+    export_model(resolve_checkpoint(str(ckpt)), model_dir, batch=2, progress=lambda s: None)
+    expected = reference_text(model_dir, opus_round_trip(pages), tmp_path_factory.mktemp("r"),
+                              "--greedy")
+    n = len(opus_round_trip(pages)) // FRAME
+    with ServerThread(ServeOptions(model_dir, port=0, **EXACT)) as srv:
+        assert srv.server.model.batch == 2
+
+        async def scene():
+            return await asyncio.gather(*(talk(srv.url, pages, pace=0.02, until_frames=n,
+                                               tail_s=10) for _ in range(3)))
+
+        results = asyncio.run(scene())
+        assert wait_until(lambda: len(srv.history()) == 3)
+        text = srv.state.stats.text().decode()
+    for r in results:
+        assert not r.errors and r.answer_samples == n * FRAME
+        assert r.text == expected
+    ticks = float(re.search(r"personaplex_tick_sessions_count (\S+)", text).group(1))
+    single = float(re.search(r'personaplex_tick_sessions_bucket\{le="1.0"\} (\S+)',
+                             text).group(1))
+    assert single < ticks  # some ticks stepped two sessions in one call

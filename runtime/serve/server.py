@@ -53,6 +53,7 @@ class ServeOptions:
     send_queue: int = 64  # messages waiting for a client (~2.5 s of answers) before it is cut
     device: str = "auto"
     threads: int | None = None
+    persona_cache: object = None  # a runtime.persona.PersonaCache (None: the model's default)
 
 
 def ssl_context(ssl_dir: Path) -> ssl.SSLContext:
@@ -96,7 +97,8 @@ class Server:
             from personaplex_edge.runtime.model import Model
 
             model = Model.load(options.model_dir, device=options.device,
-                               threads=options.threads, progress=progress)
+                               threads=options.threads, progress=progress,
+                               persona_cache=options.persona_cache)
         self.model = model
         self.runner: web.AppRunner | None = None
         self.url = ""
@@ -192,17 +194,20 @@ class Server:
                 loop.remove_signal_handler(sig)
 
 
-def serve(options: ServeOptions, progress: Callable[[str], None] = print) -> int:
-    """`personaplex-edge serve`: serves until SIGINT/SIGTERM, then returns 0."""
+def serve(options: ServeOptions, progress: Callable[[str], None] = print, model=None) -> int:
+    """`personaplex-edge serve`: serves until SIGINT/SIGTERM, then returns 0. `model`: one
+    already loaded; else options.model_dir is loaded (after the cheap checks of the options),
+    and closed at the end."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
     log.addHandler(handler)
     log.setLevel(logging.INFO)
-    server = Server(options, progress=progress)
+    server = Server(options, model=model, progress=progress)
     try:
         asyncio.run(server.run_until_signal())
     finally:
-        server.model.close()
+        if model is None:
+            server.model.close()
         log.removeHandler(handler)
     progress("stopped")
     return 0

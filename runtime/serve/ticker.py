@@ -103,7 +103,10 @@ class Ticker:
                     if not self._jobs:
                         return
                 continue
-            self._tick()
+            try:
+                self._tick()
+            except Exception:  # the thread must outlive any one tick's fault
+                log.exception("the tick thread caught an error; it goes on")
 
     def _tick(self) -> None:
         batch: dict = {}
