@@ -109,11 +109,12 @@ class ClientResult:
 
 async def talk(url: str, pages: list[bytes], query: str = "", pace: float | None = FRAME_S,
                wait_handshake: bool = True, tail_s: float = 1.0, headers: dict | None = None,
-               handshake_timeout: float = 30.0, until_frames: int | None = None
-               ) -> ClientResult:
+               handshake_timeout: float = 30.0, until_frames: int | None = None,
+               start: "asyncio.Barrier | None" = None) -> ClientResult:
     """One client: connects to `url` (http://host:port/), waits for the handshake, sends one
     audio message per page chunk every `pace` seconds (None: as fast as it can), keeps reading
-    `tail_s` more (or until `until_frames` answer frames came, if sooner), then closes.
+    `tail_s` more (or until `until_frames` answer frames came, if sooner), then closes. With
+    `start`, the clients sharing that barrier begin streaming together, after every handshake.
     Answers are decoded with sphn, as moshi's client does."""
     import aiohttp
     import sphn
@@ -160,6 +161,8 @@ async def talk(url: str, pages: list[bytes], query: str = "", pace: float | None
         try:
             if wait_handshake:
                 await asyncio.wait_for(asyncio.shield(handshake.wait()), handshake_timeout)
+            if start is not None:
+                await asyncio.wait_for(start.wait(), handshake_timeout)
             t0 = time.perf_counter()
             for i, chunk in enumerate(pages):
                 if ws.closed:
