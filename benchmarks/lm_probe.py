@@ -1,10 +1,12 @@
 """The language model of a model directory driven greedily, frame by frame, on any backend:
-what precision checks, benchmarks and the GPU check compare between graphs.
+what precision checks, benchmarks and the GPU checks compare between graphs.
 
 Per frame (Moshi's schedule, personaplex_edge.streams.TokenRing): the user's 8 codes go into the
 token ring, helium_step runs on the complete column, its new K/V rows go into the KV ring at the
 frame's position, depformer_step turns the hidden state into the agent's 8 tokens. Noise is zero,
-so every graph's in-graph sampling is the argmax.
+so every graph's in-graph sampling is the argmax. The two graphs run as a conversation runs
+them, through runtime/lm_frame (HostLM, or DeviceLinkedLM on TensorRT: linked on the device
+and replayed as a CUDA graph), so what is measured is the product path.
 
 `forced` tokens (teacher forcing) feed another run's text and audio tokens back instead of the
 model's own, so two precisions can be compared frame by frame on the same history: free-running
@@ -24,6 +26,7 @@ from personaplex_edge.manifest import Manifest, load_model_dir
 from personaplex_edge.streams import TokenRing
 
 from personaplex_edge.runtime.backends import load_graphs
+from personaplex_edge.runtime.lm_frame import HostLM
 
 
 @dataclass
@@ -34,35 +37,49 @@ class GreedyRun:
     hidden: np.ndarray  # [frames, D] float32: helium's output each frame
 
 
+class _Marks:
+    """The stage marks lm_frame's run() makes (temporal, depformer), as perf_counter times."""
+
+    def __init__(self):
+        self.start = time.perf_counter()
+        self.at: dict[str, float] = {}
+
+    def mark(self, stage: str) -> None:
+        self.at[stage] = time.perf_counter()
+
+
 class GreedyLM:
     def __init__(self, model_dir: str | Path, manifest: Manifest | None = None,
                  device: str = "auto", threads: int | None = None,
-                 opener: Callable[[str], object] | None = None):
-        """`opener(graph name)` makes the bound graph objects (backends.Graph); by default the
-        manifest's backend loads and binds them (backends.load_graphs)."""
+                 opener: Callable[[str], object] | None = None, lm=None):
+        """`lm`: an lm_frame object (HostLM, DeviceLinkedLM) to drive; else `opener(graph
+        name)` makes the bound graphs (backends.Graph), by default the manifest's backend
+        loads and binds them (backends.load_graphs), and HostLM passes the hidden state."""
         self.manifest = manifest or load_model_dir(model_dir, need="lm")
         self.cfg = self.manifest.config
-        opener = opener or (lambda name: load_graphs(model_dir, self.manifest, [name], device,
-                                                      threads)[name].bind())
-        self.helium = opener("helium_step")
-        self.depformer = opener("depformer_step")
+        if lm is None:
+            opener = opener or (lambda name: load_graphs(model_dir, self.manifest, [name],
+                                                          device, threads)[name].bind())
+            lm = HostLM(opener("helium_step"), opener("depformer_step"))
+        self.lm = lm
+        self.helium, self.depformer = lm.helium, lm.depformer
         for graph in (self.helium, self.depformer):
             greedy_sampling(graph)
 
     def frame(self, tokens: np.ndarray, position: int) -> tuple[int, np.ndarray, float, float]:
-        """tokens [1, 17] -> (text token, agent tokens [8], temporal ms, depformer ms); the
-        hidden state stays in `self.helium.outputs["hidden"]` until the next frame."""
-        h, d = self.helium, self.depformer
-        h.inputs["tokens"][...] = tokens
-        h.inputs["position"][...] = position
-        t0 = time.perf_counter()
-        out = h.run()  # also writes the step's K/V rows into the ring, at `position`
-        t1 = time.perf_counter()
-        d.inputs["hidden"][...] = out["hidden"]
-        d.inputs["text_token"][...] = out["text_token"]
-        audio = d.run()["audio_tokens"]
-        t2 = time.perf_counter()
-        return int(out["text_token"][0]), audio[0].copy(), 1000 * (t1 - t0), 1000 * (t2 - t1)
+        """tokens [1, 17] -> (text token, agent tokens [8], temporal ms, depformer ms; a
+        device-linked frame counts both graphs as temporal); the hidden state stays in
+        `self.helium.outputs["hidden"]` until the next frame."""
+        self.helium.inputs["tokens"][...] = tokens
+        self.helium.inputs["position"][...] = position
+        marks = _Marks()
+        text, audio = self.lm.run(None, marks)  # also writes the K/V rows at `position`
+        t1, t2 = marks.at["temporal"], marks.at["depformer"]
+        return (int(text[0]), audio[0].copy(), 1000 * (t1 - marks.start),
+                1000 * (t2 - t1))
+
+    def close(self) -> None:
+        self.lm.close()
 
     def run(self, user_codes: np.ndarray, forced: np.ndarray | None = None) -> GreedyRun:
         """user_codes [frames, 8]; forced [frames, 9] or None -> the model's own choices."""
@@ -89,6 +106,44 @@ def greedy_sampling(graph) -> None:
             buf[...] = 1.0
         elif name.endswith("top_k"):
             buf[...] = 0
+
+
+def open_lm(model_dir: str | Path, backend: str, threads: int | None = None) -> GreedyLM:
+    """A GreedyLM on `backend`:
+        ort-cpu     onnxruntime on the CPU (OrtGraph)
+        ort-cuda    onnxruntime's CUDA provider, buffers and KV rings on the device
+                    (OrtCudaGraph), both graphs on one stream
+        trt         TensorRT engines, each graph through the host (TrtGraph, HostLM)
+        trt-linked  TensorRT, the depformer reading Helium's device outputs, eager
+        trt-graph   the same replayed as CUDA graphs: what a conversation runs
+                    (runtime/lm_frame.DeviceLinkedLM)"""
+    import dataclasses
+
+    manifest = load_model_dir(model_dir, need="lm")
+    if backend == "ort-cpu":
+        return GreedyLM(model_dir, dataclasses.replace(manifest, backend="onnx"), device="cpu",
+                        threads=threads)
+    if backend == "ort-cuda":
+        from personaplex_edge.runtime.backends.cuda_runtime import Stream
+        from personaplex_edge.runtime.backends.ort_cuda import OrtCudaModelGraph
+
+        stream = Stream()
+        return GreedyLM(model_dir, manifest, opener=lambda name: OrtCudaModelGraph(
+            model_dir, manifest.graphs[name], stream=stream).bind())
+    trt = dataclasses.replace(manifest, backend="tensorrt")
+    if backend == "trt":
+        return GreedyLM(model_dir, trt)
+    if backend in ("trt-linked", "trt-graph"):
+        from personaplex_edge.runtime.backends.trt import TrtEngine
+        from personaplex_edge.runtime.lm_frame import DeviceLinkedLM
+
+        lm = DeviceLinkedLM(TrtEngine(model_dir, trt, trt.graphs["helium_step"]),
+                            TrtEngine(model_dir, trt, trt.graphs["depformer_step"]),
+                            capture=backend == "trt-graph")
+        if backend == "trt-graph" and lm.sequence is None:
+            raise RuntimeError(f"CUDA graph capture failed: {lm.capture_error}")
+        return GreedyLM(model_dir, trt, lm=lm)
+    raise ValueError(f"unknown backend {backend!r}")
 
 
 def linked_frame(model_dir: str | Path, manifest: Manifest):

@@ -10,13 +10,17 @@ stage is fenced: a failure is printed with its reason and the check goes on; sta
 not fit in the remaining time budget are skipped and say so. --cpu-only runs the same script
 with every GPU stage skipped (for checking the script itself on a machine without a GPU).
 
-Backends timed (each on the same precision's graphs; tokens compared with onnxruntime CPU):
+Backends timed (each on the same precision's graphs; tokens compared with onnxruntime CPU;
+benchmarks/lm_probe.open_lm):
     ort-cpu     onnxruntime CPU, all cores (OrtGraph)
     ort-cuda    onnxruntime CUDA provider, every buffer on the device, KV rings written on the
-                device (runtime/ort_cuda.OrtCudaGraph)
-    trt         native TensorRT engines, eager (runtime/trt_backend.TrtGraph)
-    trt-graph   the same engines, helium + depformer chained on the device and replayed as one
-                CUDA graph per frame (runtime/cuda_graphs.CapturedSequence)
+                device (runtime/backends/ort_cuda.OrtCudaGraph)
+    trt         native TensorRT engines, each graph through the host (backends/trt.TrtGraph)
+    trt-graph   the product path: helium + depformer chained on the device and replayed as CUDA
+                graphs per frame (runtime/lm_frame.DeviceLinkedLM)
+
+A GPU machine without a network (no TensorRT or onnxruntime-gpu to install) runs
+scripts/gpu_bare_check.py instead; scripts/gpu_check.sh chooses.
 """
 
 from __future__ import annotations
@@ -27,58 +31,17 @@ import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from check_stages import Budget, Stages, say, use_source_tree  # noqa: E402
 
-RESULTS: list[dict] = []
+use_source_tree()
+
 TIMINGS: list[dict] = []
-
-
-def say(msg: str = "") -> None:
-    print(msg, flush=True)
-
-
-class Budget:
-    def __init__(self, seconds: float):
-        self.end = time.monotonic() + seconds
-
-    def left(self) -> float:
-        return self.end - time.monotonic()
-
-
-def stage(name: str, fn, budget: Budget, need_s: float = 0.0, gpu: bool = False,
-          cpu_only: bool = False):
-    """Runs fn() fenced: prints and records ok / FAILED (with the reason) / skipped."""
-    if gpu and cpu_only:
-        RESULTS.append({"stage": name, "status": "skipped", "detail": "--cpu-only"})
-        say(f"[skipped] {name}: --cpu-only")
-        return None
-    if budget.left() < need_s:
-        RESULTS.append({"stage": name, "status": "skipped",
-                        "detail": f"time budget ({budget.left():.0f} s left, needs ~{need_s:.0f})"})
-        say(f"[skipped] {name}: not enough time left ({budget.left():.0f} s)")
-        return None
-    say(f"[....] {name}")
-    t0 = time.perf_counter()
-    try:
-        out = fn()
-    except Exception as e:  # noqa: BLE001 - the point is to report and go on
-        seconds = time.perf_counter() - t0
-        detail = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-        RESULTS.append({"stage": name, "status": "FAILED", "seconds": seconds, "detail": detail})
-        say(f"[FAILED] {name} ({seconds:.1f} s): {detail}")
-        say("".join(traceback.format_exc().splitlines(keepends=True)[-6:]))
-        return None
-    seconds = time.perf_counter() - t0
-    detail = out if isinstance(out, str) else ""
-    RESULTS.append({"stage": name, "status": "ok", "seconds": seconds, "detail": detail})
-    say(f"[ok] {name} ({seconds:.1f} s){': ' + detail if detail else ''}")
-    return out
+STAGES = Stages(Budget(480))  # main() replaces it with the run's budget
 
 
 # ---- building -------------------------------------------------------------------------------------
@@ -143,68 +106,17 @@ def engines(model_dir: Path, graphs: list[str]) -> str:
 
 # ---- running --------------------------------------------------------------------------------------
 
-def open_lm(model_dir: Path, backend: str):
-    """A GreedyLM whose graphs run on `backend` (see the module docstring)."""
-    from personaplex_edge.manifest import load_model_dir
-    from lm_probe import GreedyLM
-
-    manifest = load_model_dir(model_dir)
-    if backend == "ort-cpu":
-        return GreedyLM(model_dir, dataclasses.replace(manifest, backend="onnx"), device="cpu")
-    if backend == "ort-cuda":
-        from personaplex_edge.runtime.backends.cuda_runtime import Stream
-        from personaplex_edge.runtime.backends.ort_cuda import OrtCudaModelGraph
-
-        stream = Stream()
-        return GreedyLM(model_dir, manifest, opener=lambda name: OrtCudaModelGraph(
-            model_dir, manifest.graphs[name], stream=stream).bind())
-    if backend == "trt":
-        return GreedyLM(model_dir, dataclasses.replace(manifest, backend="tensorrt"))
-    raise ValueError(backend)
-
-
-def run_captured(model_dir: Path, user: np.ndarray, forced: np.ndarray | None):
-    """helium + depformer as one CUDA graph per frame; the ring write queued after it.
-    Helium's position input is mirrored by the graph's own host array, so no sync is needed
-    beyond the one per frame."""
-    from personaplex_edge.manifest import load_model_dir
-    from personaplex_edge.runtime.backends.cuda_graphs import CapturedSequence
-    from lm_probe import linked_frame
-    from personaplex_edge.streams import TokenRing
-
-    manifest = load_model_dir(model_dir)
-    helium, depformer = linked_frame(model_dir, manifest)
-    seq = CapturedSequence([helium, depformer])
-    ring = TokenRing(manifest.config)
-    tokens = np.zeros((len(user), 9), np.int64)
-    ms = np.zeros(len(user))
-    for t in range(len(user)):
-        ring.write_user(user[t][None])
-        t0 = time.perf_counter()
-        helium.inputs["tokens"][...] = ring.step_input()
-        helium.inputs["position"][...] = ring.position
-        seq.launch()  # helium, depformer, then helium's ring write
-        seq.synchronize()
-        ms[t] = 1000 * (time.perf_counter() - t0)
-        tokens[t, 0] = helium.outputs["text_token"][0]
-        tokens[t, 1:] = depformer.outputs["audio_tokens"][0]
-        fed = tokens[t] if forced is None else forced[t]
-        ring.write_generated(fed[:1], fed[None, 1:])
-    seq.close()
-    return tokens, ms
-
-
 def time_lm(label: str, model_dir: Path, backend: str, user: np.ndarray,
             reference: np.ndarray | None, warmup: int = 5) -> str:
-    from lm_probe import agreement
+    from lm_probe import agreement, open_lm
 
-    if backend == "trt-graph":
-        tokens, total = run_captured(model_dir, user, reference)
+    lm = open_lm(model_dir, backend)
+    run = lm.run(user, forced=reference)
+    lm.close()
+    tokens, total = run.tokens, run.temporal_ms + run.depformer_ms
+    temporal, depformer = run.temporal_ms[warmup:].mean(), run.depformer_ms[warmup:].mean()
+    if backend in ("trt-linked", "trt-graph"):  # one device sequence: no split to report
         temporal = depformer = None
-    else:
-        run = open_lm(model_dir, backend).run(user, forced=reference)
-        tokens, total = run.tokens, run.temporal_ms + run.depformer_ms
-        temporal, depformer = run.temporal_ms[warmup:].mean(), run.depformer_ms[warmup:].mean()
     row = {"model": label, "backend": backend, "total_ms": float(np.mean(total[warmup:])),
            "p90_ms": float(np.percentile(total[warmup:], 90)),
            "temporal_ms": None if temporal is None else float(temporal),
@@ -295,9 +207,7 @@ def report(bytes_mid: dict[str, int]) -> None:
                                                      floor_ms, layout_for)
     from personaplex_edge.export.precision import plan_for
 
-    say("\n## Stages\n")
-    for r in RESULTS:
-        say(f"- {r['status']:7s} {r['stage']} ({r.get('seconds', 0):.1f} s) {r['detail']}")
+    STAGES.summary()
     say("\n## LM per frame (greedy, tokens compared with onnxruntime CPU on the same graphs)\n")
     say("| model | backend | temporal ms | depformer ms | total ms | p90 ms | text agree | "
         "audio agree |")
@@ -355,8 +265,8 @@ def report(bytes_mid: dict[str, int]) -> None:
 
 # ---- stages of one model --------------------------------------------------------------------------
 
-def lm_stages(label, model, precision, backend, engine_graphs, user, budget, cpu_only, have_trt,
-              bytes_mid, big: bool) -> None:
+def lm_stages(label, model, precision, backend, engine_graphs, user, have_trt, bytes_mid,
+              big: bool) -> None:
     from personaplex_edge.export.frame_bytes import model_bytes_per_frame
     from personaplex_edge.manifest import load_model_dir
 
@@ -364,51 +274,49 @@ def lm_stages(label, model, precision, backend, engine_graphs, user, budget, cpu
     bytes_mid[label] = sum(model_bytes_per_frame(model, manifest).values())
     ref = None
     if precision != "bf16":  # onnxruntime's CPU has no bf16 MatMul
-        if stage(f"{label}: ort-cpu", lambda: time_lm(label, model, "ort-cpu", user, None),
-                 budget, need_s=20) is not None:
+        if STAGES.run(f"{label}: ort-cpu", lambda: time_lm(label, model, "ort-cpu", user, None),
+                      need_s=20) is not None:
             ref = next(t["tokens"] for t in reversed(TIMINGS)
                        if t.get("model") == label and "tokens" in t)
         if backend == "onnx" or precision in ("fp32", "fp16"):
-            stage(f"{label}: ort-cuda", lambda: time_lm(label, model, "ort-cuda", user, ref),
-                  budget, 20, gpu=True, cpu_only=cpu_only)
+            STAGES.run(f"{label}: ort-cuda", lambda: time_lm(label, model, "ort-cuda", user, ref),
+                       20, gpu=True)
     if backend != "tensorrt":
         return
     if not have_trt:
-        RESULTS.append({"stage": f"{label}: TensorRT", "status": "skipped",
-                        "detail": "tensorrt is not installed"})
+        STAGES.skip(f"{label}: TensorRT", "tensorrt is not installed")
         return
     graphs = engine_graphs or list(manifest.graphs)
-    built = stage(f"{label}: build TensorRT engines ({', '.join(graphs)})",
-                  lambda: engines(model, graphs), budget, need_s=90 if big else 30, gpu=True,
-                  cpu_only=cpu_only)
+    built = STAGES.run(f"{label}: build TensorRT engines ({', '.join(graphs)})",
+                       lambda: engines(model, graphs), need_s=90 if big else 30, gpu=True)
     if built is None:
         return
     for trt_backend in ("trt", "trt-graph"):
-        stage(f"{label}: {trt_backend}", lambda: time_lm(label, model, trt_backend, user, ref),
-              budget, 20, gpu=True, cpu_only=cpu_only)
+        STAGES.run(f"{label}: {trt_backend}",
+                   lambda: time_lm(label, model, trt_backend, user, ref), 20, gpu=True)
 
 
-def codec_stages(root: Path, budget: Budget, cpu_only: bool, have_trt: bool) -> None:
+def codec_stages(root: Path, have_trt: bool) -> None:
     """The real-size Mimi codec (float32) on each backend, codes compared with ort-cpu."""
-    model = stage("codec: export real-size Mimi (random weights)", lambda: export_codec(root),
-                  budget, need_s=60)
+    model = STAGES.run("codec: export real-size Mimi (random weights)",
+                       lambda: export_codec(root), need_s=60)
     if model is None:
         return
-    stage("codec: ort-cpu", lambda: time_codec("Mimi fp32", model, "ort-cpu"), budget, 30)
-    stage("codec: ort-cuda", lambda: time_codec("Mimi fp32", model, "ort-cuda"), budget, 20,
-          gpu=True, cpu_only=cpu_only)
+    STAGES.run("codec: ort-cpu", lambda: time_codec("Mimi fp32", model, "ort-cpu"), 30)
+    STAGES.run("codec: ort-cuda", lambda: time_codec("Mimi fp32", model, "ort-cuda"), 20,
+               gpu=True)
     if not have_trt:
         return
     graphs = ["mimi_encoder", "mimi_decoder"]
-    if stage("codec: build TensorRT engines", lambda: engines(model, graphs), budget, 60,
-             gpu=True, cpu_only=cpu_only) is not None:
-        stage("codec: trt", lambda: time_codec("Mimi fp32", model, "trt"), budget, 20, gpu=True,
-              cpu_only=cpu_only)
+    if STAGES.run("codec: build TensorRT engines", lambda: engines(model, graphs), 60,
+                  gpu=True) is not None:
+        STAGES.run("codec: trt", lambda: time_codec("Mimi fp32", model, "trt"), 20, gpu=True)
 
 
 # ---- main -----------------------------------------------------------------------------------------
 
 def main() -> None:
+    global STAGES
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget-s", type=float, default=480)
     ap.add_argument("--work", default="/tmp/personaplex_gpu_check")
@@ -419,14 +327,13 @@ def main() -> None:
     ap.add_argument("--cpu-only", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args()
-    budget = Budget(args.budget_s)
-    cpu_only = args.cpu_only
+    STAGES = Stages(Budget(args.budget_s), cpu_only=args.cpu_only)
     work = Path(args.work)
     from bench_precision import config
 
     say(f"# PersonaPlex-edge GPU check ({time.strftime('%Y-%m-%d %H:%M')})")
-    stage("environment", lambda: environment(cpu_only), budget)
-    if not cpu_only:
+    STAGES.run("environment", lambda: environment(STAGES.cpu_only))
+    if not STAGES.cpu_only:
         import onnxruntime as ort
 
         from personaplex_edge.runtime.backends.cuda_runtime import gpu_available
@@ -440,7 +347,7 @@ def main() -> None:
         ok, why = gpu_available()
         if not ok:
             say(f"no usable GPU ({why}): GPU stages are skipped")
-            cpu_only = True
+            STAGES.cpu_only = True
     try:
         import tensorrt  # noqa: F401
         have_trt = True
@@ -461,38 +368,38 @@ def main() -> None:
         root = work / name
         root.mkdir(parents=True, exist_ok=True)
         if name == "codec":
-            codec_stages(root, budget, cpu_only, have_trt)
+            codec_stages(root, have_trt)
             continue
         cfg = config(name)
-        fp32 = stage(f"{name}: export float32 (random weights)",
-                     lambda: export_fp32(cfg, root), budget, need_s=60)
+        fp32 = STAGES.run(f"{name}: export float32 (random weights)",
+                          lambda: export_fp32(cfg, root), need_s=60)
         if fp32 is None:
             continue
         user = np.random.default_rng(0).integers(0, cfg.audio_vocab_size,
                                                  (frames[name] + 5, 8)).astype(np.int64)
         for precision, backend, engine_graphs in plans[name]:
             label = f"{name} {precision}-{backend}"
-            model = stage(f"{label}: convert", lambda: convert(fp32, root, precision, backend),
-                          budget, need_s=30 if name == "tiny" else 120)
+            model = STAGES.run(f"{label}: convert",
+                               lambda: convert(fp32, root, precision, backend),
+                               need_s=30 if name == "tiny" else 120)
             if model is None:
                 continue
-            lm_stages(label, model, precision, backend, engine_graphs, user, budget, cpu_only,
-                      have_trt, bytes_mid, big=name != "tiny")
+            lm_stages(label, model, precision, backend, engine_graphs, user, have_trt,
+                      bytes_mid, big=name != "tiny")
         if name == "tiny":
             model = root / "fp32-tensorrt"
             if (model / "manifest.json").is_file():
                 for b in ("ort-cpu", "ort-cuda", "trt"):
                     if b == "trt" and not have_trt:
-                        RESULTS.append({"stage": f"tiny codec: {b}", "status": "skipped",
-                                        "detail": "tensorrt is not installed"})
+                        STAGES.skip(f"tiny codec: {b}", "tensorrt is not installed")
                         continue
-                    stage(f"tiny codec: {b}", lambda: time_codec("tiny fp32", model, b),
-                          budget, 15, gpu=b != "ort-cpu", cpu_only=cpu_only)
+                    STAGES.run(f"tiny codec: {b}", lambda: time_codec("tiny fp32", model, b),
+                               15, gpu=b != "ort-cpu")
     report(bytes_mid)
     if args.json or os.environ.get("OUT"):
         path = Path(args.json or Path(os.environ["OUT"]) / "gpu_check.json")
         clean = [{k: v for k, v in t.items() if k not in ("tokens", "codes")} for t in TIMINGS]
-        path.write_text(json.dumps({"stages": RESULTS, "timings": clean}, indent=2))
+        path.write_text(json.dumps({"stages": STAGES.results, "timings": clean}, indent=2))
         say(f"\nwrote {path}")
 
 

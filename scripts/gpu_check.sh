@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# The prepared GPU check, one command on a GPU machine with PyPI access (about 10 minutes on an
-# H200 with 16 cores):
+# The prepared GPU check, one command on a GPU machine (about 10 minutes on an H200 with 16
+# cores):
 #
-#     bash scripts/gpu_check.sh            [extra arguments for scripts/gpu_check.py]
+#     bash scripts/gpu_check.sh            [extra arguments for the check script]
+#
+# It probes the network first. Without one (no PyPI: nothing can be installed) it runs the
+# offline stages, scripts/gpu_bare_check.py, with the machine's own python (torch with CUDA,
+# cupy, cuda-bindings, CPU onnxruntime), on the bundle made beforehand where onnx is installed
+# (`python scripts/gpu_bare_check.py --prepare` -> build/gpu_bundle, carried with the tree).
+# With PyPI it runs the full check below.
 #
 # It makes its own virtual environment ($GPU_CHECK_VENV, default /tmp/personaplex-gpu-venv,
 # reused on a second run), installs what the check needs for this machine's CUDA, then runs
@@ -53,6 +59,19 @@ reachable() {  # reachable URL: answers within 5 s (the machine may only reach P
 }
 
 PYTHON=${PYTHON:-python3}
+BUNDLE=${GPU_BUNDLE:-build/gpu_bundle}
+# GPU_CHECK_OFFLINE=1: the offline stages even where PyPI answers
+if [ "${GPU_CHECK_OFFLINE:-0}" = 1 ] || ! reachable https://pypi.org/simple/pip/; then
+    say "# offline (no PyPI, or GPU_CHECK_OFFLINE=1): scripts/gpu_bare_check.py"
+    if [ ! -f "$BUNDLE/bundle.json" ] && "$PYTHON" -c "import onnx" 2>/dev/null; then
+        step "bundle ($BUNDLE)" "$PYTHON" scripts/gpu_bare_check.py --prepare --bundle "$BUNDLE"
+    fi
+    "$PYTHON" scripts/gpu_bare_check.py --bundle "$BUNDLE" \
+        --budget-s $(( TOTAL - ($(date +%s) - START) - 10 )) "$@"
+    rc=$?
+    say "# gpu_check.sh finished after $(( $(date +%s) - START )) s"
+    exit $rc
+fi
 VENV=${GPU_CHECK_VENV:-/tmp/personaplex-gpu-venv}  # outside the repository
 JETSON=0
 [ -f /etc/nv_tegra_release ] && JETSON=1
