@@ -137,7 +137,7 @@ def timing_rounds(dirs: dict[str, Path], user: np.ndarray, threads: int, rounds:
 def seven_b_table() -> list[str]:
     """Bandwidth floor of PersonaPlex-7B per precision (weights + KV at full context)."""
     from personaplex_edge.config import PersonaPlexConfig
-    from personaplex_edge.export.frame_bytes import (DEVICES, estimate_bytes_per_frame,
+    from frame_bytes import (DEVICES, estimate_bytes_per_frame,
                                                      floor_ms, layout_for)
     from personaplex_edge.export.precision import plan_for
 
@@ -181,7 +181,7 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
 
-    from personaplex_edge.export.frame_bytes import (estimate_bytes_per_frame,
+    from frame_bytes import (estimate_bytes_per_frame,
                                                      model_bytes_per_frame, layout_for)
     from personaplex_edge.export.precision import plan_for
     from personaplex_edge.manifest import load_model_dir

@@ -29,7 +29,7 @@ def orin_projection(forced: int) -> dict:
     the bytes read: frame by frame, every frame reads Helium's weights and its KV ring; one
     call reads them once (the KV ring it reads is as empty; the new rows are written once)."""
     from personaplex_edge.config import PersonaPlexConfig
-    from personaplex_edge.export.frame_bytes import (DEVICES, Layout, floor_ms,
+    from frame_bytes import (DEVICES, Layout, floor_ms,
                                                      linear_shapes)
 
     cfg = PersonaPlexConfig()

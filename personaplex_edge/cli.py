@@ -171,6 +171,7 @@ def _conversation(args, progress=print):
     from .runtime.persona import Persona
 
     model = _load_model(args, progress)
+    model.text  # the prompts and the transcript need it: a model without one stops here
     persona = Persona(text_prompt=args.text_prompt, voice=args.voice_prompt,
                       enabled=not args.no_persona)
     conv = model.open_conversation(_sampling(args), persona)

@@ -27,11 +27,10 @@ from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
-from personaplex_edge.contract import (AUDIO_NOISE, AUDIO_TEMPERATURE, AUDIO_TOKENS, AUDIO_TOP_K,
-                                       CODES, DEPFORMER_STEP, EXTRA_EMBEDDING, HELIUM_STEP,
-                                       HIDDEN, MIMI_DECODER, MIMI_ENCODER, PCM, POSITION,
-                                       TEXT_NOISE, TEXT_TEMPERATURE, TEXT_TOKEN, TEXT_TOP_K,
-                                       TOKENS)
+from personaplex_edge.contract import (AUDIO_NOISE, AUDIO_TEMPERATURE, AUDIO_TOP_K, CODES,
+                                       DEPFORMER_STEP, EXTRA_EMBEDDING, HELIUM_STEP,
+                                       MIMI_DECODER, MIMI_ENCODER, PCM, POSITION, TEXT_NOISE,
+                                       TEXT_TEMPERATURE, TEXT_TOP_K, TOKENS)
 from personaplex_edge.errors import PersonaPlexError
 from personaplex_edge.streams import AGENT_FIRST, TEXT_STREAM, USER_FIRST, TokenRing
 

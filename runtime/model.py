@@ -23,7 +23,7 @@ import numpy as np
 
 from personaplex_edge.contract import (DEPFORMER_STEP, HELIUM_STEP, MIMI_DECODER, MIMI_ENCODER,
                                        TOKENS)
-from personaplex_edge.errors import PersonaPlexError
+from personaplex_edge.errors import ModelDirError, PersonaPlexError
 from personaplex_edge.manifest import Manifest, load_model_dir
 from personaplex_edge.streams import initial_tokens
 
@@ -45,7 +45,7 @@ class Model:
         self.manifest = manifest
         self.config = manifest.config
         self.graphs = load_graphs(model_dir, manifest, GRAPHS, device, threads, progress)
-        self.text = TextTokenizer(model_dir, manifest) if manifest.tokenizer else None
+        self._text = TextTokenizer(model_dir, manifest) if manifest.tokenizer else None
         mimi = self.config.mimi_config
         self.frame_size, self.sample_rate = mimi.samples_per_frame, mimi.sample_rate
         self.context = self.config.temporal_config.max_position_embeddings
@@ -71,6 +71,16 @@ class Model:
         return cls(model_dir, manifest, device, threads, progress, persona_cache)
 
     # -- what conversations share ------------------------------------------------------------
+    @property
+    def text(self) -> TextTokenizer:
+        """The text tokenizer; a model directory exported without one is refused here, where
+        a front end first needs it (a text prompt, a transcript), with the fix."""
+        if self._text is None:
+            raise ModelDirError(f"{self.model_dir} has no text tokenizer, which conversations "
+                                "need for their prompts and transcripts; export it again from a "
+                                "checkpoint that holds tokenizer_spm_32k_3.model")
+        return self._text
+
     def voices(self) -> list[str]:
         """The names of the voice bank (empty without one)."""
         if self._voices is None:

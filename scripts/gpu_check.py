@@ -203,7 +203,7 @@ def report(bytes_mid: dict[str, int]) -> None:
     from bench_precision import split
 
     from personaplex_edge.config import PersonaPlexConfig
-    from personaplex_edge.export.frame_bytes import (DEVICES, estimate_bytes_per_frame,
+    from frame_bytes import (DEVICES, estimate_bytes_per_frame,
                                                      floor_ms, layout_for)
     from personaplex_edge.export.precision import plan_for
 
@@ -267,7 +267,7 @@ def report(bytes_mid: dict[str, int]) -> None:
 
 def lm_stages(label, model, precision, backend, engine_graphs, user, have_trt, bytes_mid,
               big: bool) -> None:
-    from personaplex_edge.export.frame_bytes import model_bytes_per_frame
+    from frame_bytes import model_bytes_per_frame
     from personaplex_edge.manifest import load_model_dir
 
     manifest = load_model_dir(model)

@@ -128,7 +128,7 @@ def time_step(cfg, device: str = "cuda", dtype: torch.dtype = torch.float16,
 def check(device: str = "cuda", iters: int = 50) -> dict:
     """The 7B-shaped fp16 step against its floors (module docstring) -> figures for the report."""
     from personaplex_edge.config import PersonaPlexConfig
-    from personaplex_edge.export.frame_bytes import DEVICES
+    from frame_bytes import DEVICES
 
     f = time_step(PersonaPlexConfig(), device, torch.float16, iters)
     name = torch.cuda.get_device_name(0)

@@ -287,8 +287,19 @@ def test_run_realtime_ctrl_c_aborts_without_output(demo_model_dir, tmp_path):
     assert not (tmp_path / "rt.wav").exists()
 
 
+def _without_tokenizer(model_dir, dst):
+    """A copy of a model directory whose manifest names no text tokenizer."""
+    import dataclasses
+
+    from personaplex_edge.manifest import load_model_dir, write_manifest
+
+    shutil.copytree(model_dir, dst)
+    write_manifest(dst, dataclasses.replace(load_model_dir(dst), tokenizer=None))
+    return dst
+
+
 @pytest.mark.parametrize("case", ["long-prompt", "codec-only", "bad-input", "no-voice-bank",
-                                  "unknown-voice"])
+                                  "unknown-voice", "no-tokenizer"])
 def test_run_errors_are_one_message_and_leave_no_output(case, tiny_full_model, tiny_codec_dir,
                                                          demo_model_dir, tmp_path, capsys):
     src, _ = _write_input(tmp_path)
@@ -302,12 +313,16 @@ def test_run_errors_are_one_message_and_leave_no_output(case, tiny_full_model, t
         args += ["--voice-prompt", "NATF2", "--text-prompt", "hi"]
     if case == "unknown-voice":
         args += ["--voice-prompt", "VARF9"]
+    if case == "no-tokenizer":
+        args[2] = str(_without_tokenizer(demo_model_dir, tmp_path / "no_tokenizer"))
+        args += ["--no-persona"]  # no text prompt to encode: the transcript needs it alone
     rc = main(args)
     err = capsys.readouterr().err
     assert rc == 2 and err.count("error:") == 1 and "Traceback" not in err
     assert {"long-prompt": "context", "codec-only": "holds only the codec",
             "bad-input": "cannot read", "no-voice-bank": "no voice bank",
-            "unknown-voice": "available: NATF2, NATM1"}[case] in err
+            "unknown-voice": "available: NATF2, NATM1",
+            "no-tokenizer": "has no text tokenizer"}[case] in err
     assert not (tmp_path / "out.wav").exists() and not (tmp_path / "out.json").exists()
 
 

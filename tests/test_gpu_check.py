@@ -156,11 +156,11 @@ def test_the_interpreter_names_an_op_it_does_not_know():
 def test_the_7b_step_reads_the_bytes_the_floor_counts():
     """helium_timing's floor divides the bytes one step reads; on the real 7B config (built on
     the meta device: no memory) they are every linear of Helium plus the whole fp16 KV ring,
-    as export/frame_bytes counts them for the fp16 TensorRT layout."""
+    as benchmarks/frame_bytes counts them for the fp16 TensorRT layout."""
     import helium_timing
 
     from personaplex_edge.config import PersonaPlexConfig
-    from personaplex_edge.export.frame_bytes import (_weight_bytes, estimate_bytes_per_frame,
+    from frame_bytes import (_weight_bytes, estimate_bytes_per_frame,
                                                      layout_for, linear_shapes)
     from personaplex_edge.export.helium import Helium
     from personaplex_edge.export.precision_plan import plan_for

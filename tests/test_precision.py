@@ -150,7 +150,7 @@ def test_a_manifest_from_before_per_graph_precisions_reads_the_lm_as_its_precisi
 def test_stored_bytes_match_the_plan(fp32_dir, converted):
     """Bytes per frame counted in the graphs equal what the plan's layout predicts for the
     config, and shrink in the expected order."""
-    from personaplex_edge.export.frame_bytes import (estimate_bytes_per_frame, layout_for,
+    from frame_bytes import (estimate_bytes_per_frame, layout_for,
                                                      model_bytes_per_frame)
     from personaplex_edge.export.precision_plan import plan_for
 
@@ -184,7 +184,7 @@ def test_the_depformer_takes_its_own_precision(converted, user_codes, fp32_token
     """int4 Helium + int8 depformer: each graph stores its own format and says so in the
     manifest; teacher-forced, the text tokens (Helium's alone) are exactly int4's, and the
     audio tokens (the depformer's) agree with float32 at least as often as with int4 alone."""
-    from personaplex_edge.export.frame_bytes import (estimate_bytes_per_frame, layout_for,
+    from frame_bytes import (estimate_bytes_per_frame, layout_for,
                                                      model_bytes_per_frame)
     from personaplex_edge.export.precision_plan import plan_for
 

@@ -658,7 +658,7 @@ def test_gpu_runtime_and_precision_modules_do_not_import_torch():
         "trt_build")]
     modules += ["personaplex_edge.export." + m for m in (
         "precision", "precision_plan", "graph_edit", "transpose_fold", "linear_quant",
-        "cast_islands", "weight_quant", "frame_bytes", "external_data", "safetensors_file",
+        "cast_islands", "weight_quant", "external_data", "safetensors_file",
         "frugal")]
     code = ("import sys\n" + "".join(f"import {m}\n" for m in modules)
             + "assert 'torch' not in sys.modules, 'torch imported'")

@@ -110,6 +110,7 @@ class Server:
         persona's prefill lands in the persona cache, so the first client starts at once)."""
         o, model = self.options, self.model
         o.sampling.check(*_top_k_max(model))
+        model.text  # every session's prompt and text need it: a model without one stops here
         conv = model.open_conversation(o.sampling, o.persona)
         try:
             frames = conv.prefill()

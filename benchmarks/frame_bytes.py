@@ -14,14 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import onnx
-from onnx import TensorProto
 
 from personaplex_edge.config import PersonaPlexConfig
 from personaplex_edge.contract import DEPFORMER_STEP, HELIUM_STEP, LM_GRAPHS
 from personaplex_edge.manifest import Manifest
-
-from .weight_quant import stored_bytes
 
 _ITEM = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "bool": 1}
 # memory bandwidth, GB/s (vendor figures)
@@ -29,18 +25,22 @@ DEVICES = {"Jetson AGX Orin": 204.8, "Jetson AGX Thor": 273.0, "RTX 4090": 1008.
            "H200": 4800.0}
 
 
-_HALF_BYTE = {TensorProto.INT4, TensorProto.UINT4}
+# onnx is imported where a graph is read: the figures and estimates below also serve a GPU
+# machine that has no onnx (scripts/helium_timing.py)
 
 
-def _init_bytes(t: TensorProto) -> int:
-    """Stored bytes of an initializer, from its type and shape (external data not read)."""
+def _init_bytes(t) -> int:
+    """Stored bytes of an initializer (onnx TensorProto), from its type and shape (external data
+    not read)."""
+    import onnx
+
     count = int(np.prod(t.dims, dtype=np.int64))
-    if t.data_type in _HALF_BYTE:
+    if t.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
         return (count + 1) // 2
     return count * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
 
 
-def _tables(graph: onnx.GraphProto) -> set[str]:
+def _tables(graph) -> set[str]:
     """Initializers that only feed Gather data inputs (through Reshape/Identity/Cast)."""
     producers = {o: n for n in graph.node for o in n.output}
     tables = set()
@@ -56,6 +56,8 @@ def _tables(graph: onnx.GraphProto) -> set[str]:
 
 def graph_bytes_per_frame(path: str | Path) -> int:
     """Initializer bytes one run of a graph reads (tables excluded)."""
+    import onnx
+
     graph = onnx.load(str(path), load_external_data=False).graph
     tables = _tables(graph)
     return sum(_init_bytes(t) for t in graph.initializer if t.name not in tables)
@@ -112,6 +114,8 @@ def linear_shapes(cfg: PersonaPlexConfig) -> dict[str, list[tuple[int, int]]]:
 
 def _weight_bytes(shapes: list[tuple[int, int]], layout: Layout) -> int:
     if layout.bits:
+        from personaplex_edge.export.weight_quant import stored_bytes
+
         return sum(stored_bytes(k, n, layout.bits, layout.block, layout.scale_bytes)
                    for k, n in shapes)
     return sum(k * n * layout.float_bytes for k, n in shapes)
