@@ -32,8 +32,10 @@ import torch
 from torch import nn
 
 from personaplex_edge.config import PersonaPlexConfig
-from personaplex_edge.contract import (EXTRA_EMBEDDING, FRAMES_AXIS, HELIUM_STEP, KV_KINDS, TOKENS,
-                                       kv_output)
+from personaplex_edge.contract import (AUDIO_NOISE, AUDIO_TEMPERATURE, AUDIO_TOKENS, AUDIO_TOP_K,
+                                       DEPFORMER_STEP, EXTRA_EMBEDDING, FRAMES_AXIS, HELIUM_STEP,
+                                       HIDDEN, KV_KINDS, POSITION, TEXT_NOISE, TEXT_TEMPERATURE,
+                                       TEXT_TOKEN, TEXT_TOP_K, TOKENS, kv_input, kv_output)
 from personaplex_edge.manifest import GraphEntry, TensorSpec
 from personaplex_edge.gumbel import gumbel_noise
 from personaplex_edge.streams import NUM_STREAMS
@@ -190,10 +192,10 @@ def helium_inputs(cfg: PersonaPlexConfig, batch: int, k_max: int) -> list[Tensor
     k_max = sampler_k_max(k_max, cfg.text_vocab_size)
     specs = [TensorSpec(TOKENS, (batch, 1, NUM_STREAMS), "int64"),  # [B, F, 17]
              TensorSpec(EXTRA_EMBEDDING, (batch, 1, h.hidden_size), "float32"),  # [B, F, D]
-             TensorSpec("position", (batch,), "int64"),
-             TensorSpec("text_noise", (batch, k_max), "float32"),
-             TensorSpec("text_temperature", (batch,), "float32"),
-             TensorSpec("text_top_k", (batch,), "int64")]
+             TensorSpec(POSITION, (batch,), "int64"),
+             TensorSpec(TEXT_NOISE, (batch, k_max), "float32"),
+             TensorSpec(TEXT_TEMPERATURE, (batch,), "float32"),
+             TensorSpec(TEXT_TOP_K, (batch,), "int64")]
     return specs + kv_ring_specs(cfg, batch)
 
 
@@ -202,8 +204,8 @@ def kv_ring_specs(cfg: PersonaPlexConfig, batch: int) -> list[TensorSpec]:
     (zeros at the start; what unwritten slots hold does not matter, they are masked)."""
     h = cfg.temporal_config
     shape = (batch, h.num_attention_heads, h.max_position_embeddings, h.head_dim)
-    return [TensorSpec(f"past_key_values.{i}.{kind}", shape, "float32")
-            for i in range(h.num_hidden_layers) for kind in ("key", "value")]
+    return [TensorSpec(kv_input(i, kind), shape, "float32")
+            for i in range(h.num_hidden_layers) for kind in KV_KINDS]
 
 
 def frames_axes(cfg: PersonaPlexConfig) -> dict[str, dict[int, str]]:
@@ -223,19 +225,19 @@ def with_frames(specs: list[TensorSpec], frames: int) -> list[TensorSpec]:
 
 
 def helium_outputs(cfg: PersonaPlexConfig) -> list[str]:
-    return ["text_token", "hidden"] + [f"present.{i}.{kind}"
-                                       for i in range(cfg.temporal_config.num_hidden_layers)
-                                       for kind in ("key", "value")]
+    return [TEXT_TOKEN, HIDDEN] + [kv_output(i, kind)
+                                   for i in range(cfg.temporal_config.num_hidden_layers)
+                                   for kind in KV_KINDS]
 
 
 def depformer_inputs(cfg: PersonaPlexConfig, batch: int, k_max: int) -> list[TensorSpec]:
     steps = cfg.depformer_config.num_active_codebooks
     k_max = sampler_k_max(k_max, cfg.audio_vocab_size)
-    return [TensorSpec("hidden", (batch, cfg.temporal_config.hidden_size), "float32"),
-            TensorSpec("text_token", (batch,), "int64"),
-            TensorSpec("audio_noise", (batch, steps, k_max), "float32"),
-            TensorSpec("audio_temperature", (batch,), "float32"),
-            TensorSpec("audio_top_k", (batch,), "int64")]
+    return [TensorSpec(HIDDEN, (batch, cfg.temporal_config.hidden_size), "float32"),
+            TensorSpec(TEXT_TOKEN, (batch,), "int64"),
+            TensorSpec(AUDIO_NOISE, (batch, steps, k_max), "float32"),
+            TensorSpec(AUDIO_TEMPERATURE, (batch,), "float32"),
+            TensorSpec(AUDIO_TOP_K, (batch,), "int64")]
 
 
 def example_inputs(specs: list[TensorSpec], cfg: PersonaPlexConfig, seed: int = 0,
@@ -245,15 +247,15 @@ def example_inputs(specs: list[TensorSpec], cfg: PersonaPlexConfig, seed: int = 
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
     for s in specs:
-        if s.name == "tokens":
+        if s.name == TOKENS:
             vocab = np.array([cfg.text_vocab_size] + [cfg.audio_vocab_size] * (NUM_STREAMS - 1))
             t = rng.integers(0, vocab + 1, size=s.shape)
             t[..., -1] = -1  # one stream contributing nothing
             out[s.name] = t.astype(np.int64)
-        elif s.name == "position":
+        elif s.name == POSITION:
             past_context = cfg.temporal_config.max_position_embeddings + 3  # the ring wrapped
             out[s.name] = np.full(s.shape, past_context, np.int64)
-        elif s.name == "text_token":
+        elif s.name == TEXT_TOKEN:
             out[s.name] = rng.integers(0, cfg.text_vocab_size, size=s.shape).astype(np.int64)
         elif s.name.endswith("noise"):
             out[s.name] = gumbel_noise(rng, s.shape)
@@ -275,10 +277,10 @@ def export_lm_graphs(cfg: PersonaPlexConfig, checkpoint_path: str | Path, out_di
     out_dir.mkdir(parents=True, exist_ok=True)
     helium, depformer = load_lm(checkpoint_path, cfg)
     entries = {}
-    jobs = [("helium_step", helium, helium.step, helium_inputs(cfg, batch, k_max),
+    jobs = [(HELIUM_STEP, helium, helium.step, helium_inputs(cfg, batch, k_max),
              helium_outputs(cfg)),
-            ("depformer_step", depformer, depformer.step, depformer_inputs(cfg, batch, k_max),
-             ["audio_tokens"])]
+            (DEPFORMER_STEP, depformer, depformer.step, depformer_inputs(cfg, batch, k_max),
+             [AUDIO_TOKENS])]
     for name, owner, fn, specs, outputs in jobs:
         examples = example_inputs(specs, cfg)
         path = out_dir / f"{name}.onnx"
@@ -401,10 +403,10 @@ def _jobs(cfg: PersonaPlexConfig, batch: int, k_max: int):
     """(name, module, step, input specs, output names, plans, streamed) per LM graph."""
     helium, depformer = placeholder_lm(cfg)
     h_streamed, d_streamed = _streamed_parts(cfg)
-    return [("helium_step", helium, helium.step, helium_inputs(cfg, batch, k_max),
+    return [(HELIUM_STEP, helium, helium.step, helium_inputs(cfg, batch, k_max),
              helium_outputs(cfg), helium_plan(cfg), h_streamed),
-            ("depformer_step", depformer, depformer.step, depformer_inputs(cfg, batch, k_max),
-             ["audio_tokens"], depformer_plan(cfg), d_streamed)]
+            (DEPFORMER_STEP, depformer, depformer.step, depformer_inputs(cfg, batch, k_max),
+             [AUDIO_TOKENS], depformer_plan(cfg), d_streamed)]
 
 
 def _check_bytes(plans: dict[str, WeightPlan], specs: list[TensorSpec],

@@ -36,6 +36,7 @@ import math
 
 import numpy as np
 
+from personaplex_edge.contract import STATE_INPUT_PREFIX
 from personaplex_edge.manifest import RingSpec
 
 from .cuda_runtime import (DeviceBuffer, PinnedArray, Stream, copy_device, copy_rows,
@@ -177,7 +178,7 @@ class RingPositions:
         for name in self._names:
             if name in host_inputs:
                 continue
-            state = name.removeprefix("past.")
+            state = name.removeprefix(STATE_INPUT_PREFIX)
             if state not in states:
                 raise ValueError(f"{entry.file}: ring position {name!r} is neither an input nor "
                                  "a state tensor")
@@ -188,7 +189,7 @@ class RingPositions:
         """{position name: [B] values before the next call} (arrays reused call after call)."""
         for name in self._names:
             src = (self._inputs[name] if name in self._inputs
-                   else self.mirrors[name.removeprefix("past.")].array).reshape(-1)
+                   else self.mirrors[name.removeprefix(STATE_INPUT_PREFIX)].array).reshape(-1)
             if self._now[name].shape != src.shape:
                 self._now[name] = np.zeros(src.shape, np.int64)
             np.copyto(self._now[name], src, casting="unsafe")

@@ -20,6 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
+from personaplex_edge.contract import STATE_INPUT_PREFIX
 from personaplex_edge.errors import ModelDirError
 from personaplex_edge.manifest import GraphEntry
 
@@ -198,7 +199,7 @@ class OrtGraph(BoundGraph):
         (a RingSpec's), as it is before the call (a view)."""
         if position in self.inputs:
             return self.inputs[position].reshape(-1)
-        return self._stores[self._turn][position.removeprefix("past.")].array.reshape(-1)
+        return self._stores[self._turn][position.removeprefix(STATE_INPUT_PREFIX)].array.reshape(-1)
 
     def _call(self, active: list[int] | None) -> None:
         if self._session is None:
