@@ -47,7 +47,11 @@ def _from_dict(cls, data: dict[str, Any], where: str, renamed: dict[str, str] | 
     project used before mapped to the seed's (`renamed`), anything else unknown refused."""
     if not isinstance(data, dict):
         raise ConfigError(f"{where} must be an object, got {type(data).__name__}")
-    data = {(renamed or {}).get(k, k): v for k, v in data.items() if k not in HF_GENERIC_KEYS}
+    renamed = renamed or {}
+    both = sorted(f"{old} and {new}" for old, new in renamed.items() if old in data and new in data)
+    if both:
+        raise ConfigError(f"{where}: {', '.join(both)} name the same field; keep one")
+    data = {renamed.get(k, k): v for k, v in data.items() if k not in HF_GENERIC_KEYS}
     known = {f.name for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - known)
     if unknown:
@@ -65,12 +69,16 @@ def _refuse(where: str, name: str, value: Any, why: str) -> None:
 def _check_transformer(cfg, where: str) -> None:
     """What the Helium and depformer ports implement: full multi-head attention with heads of
     head_dim summing to the width, a SiLU-gated MLP, no biases."""
+    for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                 "max_position_embeddings"):
+        _positive(where, cfg, name)
     if cfg.hidden_act != "silu":
         _refuse(where, "hidden_act", cfg.hidden_act, "only the SiLU-gated MLP ('silu') is "
                 "implemented")
     for name in ("attention_bias", "mlp_bias"):
         if getattr(cfg, name):
-            _refuse(where, name, True, "PersonaPlex has no biases; this runtime implements none")
+            _refuse(where, name, getattr(cfg, name),
+                    "PersonaPlex has no biases; this runtime implements none")
     if cfg.num_key_value_heads != cfg.num_attention_heads:
         _refuse(where, "num_key_value_heads", cfg.num_key_value_heads,
                 f"grouped KV heads are not implemented (num_attention_heads is "
@@ -78,10 +86,13 @@ def _check_transformer(cfg, where: str) -> None:
     if cfg.head_dim * cfg.num_attention_heads != cfg.hidden_size:
         _refuse(where, "head_dim", cfg.head_dim, f"{cfg.num_attention_heads} heads of it must "
                 f"make hidden_size {cfg.hidden_size}")
-    for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                 "max_position_embeddings"):
-        if int(getattr(cfg, name)) < 1:
-            _refuse(where, name, getattr(cfg, name), "must be at least 1")
+
+
+def _positive(where: str, cfg, name: str) -> None:
+    """A size or rate the arithmetic after it divides by: a number above zero, or one message."""
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        _refuse(where, name, value, "must be a number above 0")
 
 
 @dataclass(frozen=True)
@@ -122,7 +133,14 @@ class PersonaPlexMimiConfig:
 
     def __post_init__(self):
         where = "mimi_config"
-        object.__setattr__(self, "upsampling_ratios", tuple(int(r) for r in self.upsampling_ratios))
+        for name in ("sample_rate", "frame_rate", "samples_per_frame", "hidden_size",
+                     "num_attention_heads", "num_hidden_layers", "card", "num_quantizers"):
+            _positive(where, self, name)
+        ratios = self.upsampling_ratios
+        if (not isinstance(ratios, (list, tuple)) or not ratios
+                or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in ratios)):
+            _refuse(where, "upsampling_ratios", ratios, "must be a list of whole numbers above 0")
+        object.__setattr__(self, "upsampling_ratios", tuple(ratios))
         if self.num_channels != 1:
             _refuse(where, "num_channels", self.num_channels, "Mimi here is mono (1)")
         if self.samples_per_frame * self.frame_rate != self.sample_rate:
@@ -181,7 +199,8 @@ class HeliumConfig:
     def __post_init__(self):
         if self.num_key_value_heads is None:
             object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
-        if self.head_dim is None and self.num_attention_heads > 0:
+        if self.head_dim is None and isinstance(self.num_attention_heads, int) \
+                and self.num_attention_heads > 0:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
         _check_transformer(self, "temporal_config")
 

@@ -88,6 +88,16 @@ def test_the_layout_written_before_still_loads():
     ("mimi_config", "samples_per_frame", 2000, r"mimi_config\.samples_per_frame = 2000"),
     ("mimi_config", "num_channels", 2, r"mimi_config\.num_channels = 2"),
     ("mimi_config", "card", 1024, r"mimi_config\.card = 1024"),
+    # sizes and rates the arithmetic divides by: one message, never a ZeroDivisionError
+    ("temporal_config", "num_attention_heads", 0, r"temporal_config\.num_attention_heads = 0"),
+    ("depformer_config", "hidden_size", -8, r"depformer_config\.hidden_size = -8"),
+    ("mimi_config", "frame_rate", 0, r"mimi_config\.frame_rate = 0"),
+    ("mimi_config", "num_attention_heads", 0, r"mimi_config\.num_attention_heads = 0"),
+    ("mimi_config", "upsampling_ratios", [8, 0, 5, 4],
+     r"mimi_config\.upsampling_ratios = \[8, 0, 5, 4\]"),
+    ("mimi_config", "sample_rate", "24k", r"mimi_config\.sample_rate = '24k'"),
+    # the value given is the value named
+    ("temporal_config", "mlp_bias", "yes", r"temporal_config\.mlp_bias = 'yes'"),
 ])
 def test_a_value_the_runtime_cannot_honour_is_refused_naming_it(where, field, value, message):
     data = json.loads(json.dumps(VLLM_OMNI_CONFIG))
@@ -104,6 +114,13 @@ def test_a_misspelt_key_is_still_refused():
             PersonaPlexConfig.from_dict(data)
     with pytest.raises(ConfigError, match="text_vocab_sise"):
         PersonaPlexConfig.from_dict({"text_vocab_sise": 3})
+
+
+def test_an_old_and_a_new_name_of_one_field_are_refused_together():
+    data = json.loads(json.dumps(VLLM_OMNI_CONFIG))
+    data["mimi_config"]["sampling_rate"] = 16000
+    with pytest.raises(ConfigError, match="sampling_rate and sample_rate name the same field"):
+        PersonaPlexConfig.from_dict(data)
 
 
 def test_frame_size_must_agree_with_the_rates():
