@@ -10,7 +10,6 @@ clear CheckpointError, not a crash an hour into an export.
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from dataclasses import dataclass
@@ -41,13 +40,18 @@ class CheckpointFiles:
 
 
 def _config_from(path: Path | None) -> PersonaPlexConfig:
-    if path is None or not path.is_file():
-        return PersonaPlexConfig()
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"cannot read {path}: {e}") from e
-    return PersonaPlexConfig.from_dict(data, where=str(path))
+    """The checkpoint's config.json (the defaults, PersonaPlex-7B, where there is none)."""
+    return PersonaPlexConfig() if path is None else PersonaPlexConfig.from_json_file(path)
+
+
+def mimi_file(cfg: PersonaPlexConfig) -> str:
+    """The Mimi weights' file in a checkpoint: the config's mimi_name (the seed's field), or the
+    name PersonaPlex and Moshi publish it under. Only a file name: it never leaves the
+    checkpoint directory or repository."""
+    name = cfg.mimi_config.mimi_name or MIMI_FILE
+    if Path(name).name != name or name in (".", ".."):
+        raise CheckpointError(f"mimi_name {name!r} must be a file name inside the checkpoint")
+    return name
 
 
 def _spm_check(path: Path) -> None:
@@ -92,15 +96,17 @@ def _local(root: Path, with_lm: bool) -> CheckpointFiles:
     def opt(name: str) -> Path | None:
         return root / name if (root / name).is_file() else None
 
-    mimi = opt(MIMI_FILE)
+    config = _config_from(opt(CONFIG_FILE))
+    mimi_name = mimi_file(config)
+    mimi = opt(mimi_name)
     if mimi is None:
-        raise CheckpointError(f"{root} has no {MIMI_FILE}: a PersonaPlex checkpoint directory "
-                              f"holds {MIMI_FILE}, {LM_FILE}, {TOKENIZER_FILE} and {CONFIG_FILE}")
+        raise CheckpointError(f"{root} has no {mimi_name}: a PersonaPlex checkpoint directory "
+                              f"holds {mimi_name}, {LM_FILE}, {TOKENIZER_FILE} and {CONFIG_FILE}")
     lm = opt(LM_FILE) if with_lm else None
     if with_lm and lm is None:
         raise CheckpointError(f"{root} has no {LM_FILE} (to export only the codec, use "
                               "--codec-only)")
-    ckpt = CheckpointFiles(str(root), _config_from(opt(CONFIG_FILE)), mimi, lm,
+    ckpt = CheckpointFiles(str(root), config, mimi, lm,
                            opt(TOKENIZER_FILE) if with_lm else None,
                            opt(VOICES_FILE) if with_lm else None)
     check_checkpoint_files(ckpt)
@@ -165,22 +171,7 @@ def _download(repo: str, with_lm: bool, progress: Callable[[str], None]) -> Chec
         raise CheckpointError("downloading needs huggingface_hub: pip install "
                               "'personaplex-edge[export]'") from e
 
-    required = [MIMI_FILE] + ([LM_FILE] if with_lm else [])
-    optional = [CONFIG_FILE] + ([TOKENIZER_FILE, VOICES_FILE] if with_lm else [])
-    sizes = remote_sizes(repo, required + optional)
-    if sizes is not None:
-        absent = [name for name in required if name not in sizes]
-        if absent:
-            raise CheckpointError(f"{repo} has no file {', '.join(absent)}: is it a PersonaPlex "
-                                  f"checkpoint (like {DEFAULT_REPO})?")
-        missing = {name: size for name, size in sizes.items()
-                   if not isinstance(try_to_load_from_cache(repo, name), str)}
-        _check_disk_space(repo, missing)
-        for name, size in missing.items():
-            if size > 100 << 20:
-                progress(f"downloading {name} ({size / 1e9:.1f} GB) from {repo}")
-
-    def fetch(name: str, required: bool) -> Path | None:
+    def fetch(name: str, required: bool, sizes: dict[str, int] | None) -> Path | None:
         if sizes is not None and name not in sizes and not required:
             return None  # the hub said the repository does not have it
         try:
@@ -203,12 +194,30 @@ def _download(repo: str, with_lm: bool, progress: Callable[[str], None]) -> Chec
         except Exception as e:  # network and HTTP errors: one line, not a traceback
             raise CheckpointError(f"cannot download {name} from {repo}: {e}") from e
 
-    config = fetch(CONFIG_FILE, required=False)
-    mimi = fetch(MIMI_FILE, required=True)
-    lm = fetch(LM_FILE, required=True) if with_lm else None
-    ckpt = CheckpointFiles(repo, _config_from(config), mimi, lm,
-                           fetch(TOKENIZER_FILE, required=False) if with_lm else None,
-                           fetch(VOICES_FILE, required=False) if with_lm else None)
+    # the config first (a few bytes): it may name the Mimi file
+    config_path = fetch(CONFIG_FILE, required=False, sizes=None)
+    config = _config_from(config_path)
+    mimi_name = mimi_file(config)
+    required = [mimi_name] + ([LM_FILE] if with_lm else [])
+    optional = [TOKENIZER_FILE, VOICES_FILE] if with_lm else []
+    sizes = remote_sizes(repo, required + optional + ([CONFIG_FILE] if config_path else []))
+    if sizes is not None:
+        absent = [name for name in required if name not in sizes]
+        if absent:
+            raise CheckpointError(f"{repo} has no file {', '.join(absent)}: is it a PersonaPlex "
+                                  f"checkpoint (like {DEFAULT_REPO})?")
+        missing = {name: size for name, size in sizes.items()
+                   if not isinstance(try_to_load_from_cache(repo, name), str)}
+        _check_disk_space(repo, missing)
+        for name, size in missing.items():
+            if size > 100 << 20:
+                progress(f"downloading {name} ({size / 1e9:.1f} GB) from {repo}")
+
+    mimi = fetch(mimi_name, True, sizes)
+    lm = fetch(LM_FILE, True, sizes) if with_lm else None
+    ckpt = CheckpointFiles(repo, config, mimi, lm,
+                           fetch(TOKENIZER_FILE, False, sizes) if with_lm else None,
+                           fetch(VOICES_FILE, False, sizes) if with_lm else None)
     check_checkpoint_files(ckpt, sizes)
     return ckpt
 

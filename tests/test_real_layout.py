@@ -289,7 +289,9 @@ def test_hub_gated_repo(fake_hub):
     fake_hub.info_error = _hub_error(GatedRepoError, "401")
     with pytest.raises(CheckpointError, match="gated.*accept its licence.*HF_TOKEN"):
         resolve_checkpoint(REPO, progress=lambda s: None)
+    assert fake_hub.downloaded == [CONFIG_FILE]  # no weights
     # metadata unavailable (offline): the download itself says so
+    fake_hub.downloaded.clear()
     fake_hub.info_error = RuntimeError("no network")
     fake_hub.download_error[MIMI_FILE] = _hub_error(GatedRepoError, "401")
     with pytest.raises(CheckpointError, match="gated"):
@@ -301,7 +303,7 @@ def test_hub_missing_file_fails_before_any_download(fake_hub):
     del fake_hub.sizes[LM_FILE]
     with pytest.raises(CheckpointError, match=f"has no file {LM_FILE}"):
         resolve_checkpoint(REPO, progress=lambda s: None)
-    assert fake_hub.downloaded == []
+    assert fake_hub.downloaded == [CONFIG_FILE]  # read first: it may name the Mimi file
 
 
 def test_hub_offline_and_not_cached(fake_hub):
@@ -328,7 +330,36 @@ def test_hub_download_that_cannot_fit(fake_hub):
     fake_hub.free = 5 * 10 ** 9
     with pytest.raises(CheckpointError, match=r"needs 16\.7 GB .* 5\.0 GB free.*HF_HUB_CACHE"):
         resolve_checkpoint(REPO, progress=lambda s: None)
-    assert fake_hub.downloaded == []
+    assert fake_hub.downloaded == [CONFIG_FILE]
+
+
+def test_the_configs_mimi_name_chooses_the_codec_file(fake_hub, published, tmp_path):
+    """The seed's mimi_name names the Mimi file, on the hub and in a local directory; a name
+    that is a path is refused (it would leave the checkpoint)."""
+    root = published[0]
+    local = tmp_path / "renamed"
+    shutil.copytree(root, local)
+    (local / MIMI_FILE).rename(local / "mimi-v2.safetensors")
+    config = json.loads((local / CONFIG_FILE).read_text())
+    config["mimi_name"] = "mimi-v2.safetensors"
+    (local / CONFIG_FILE).write_text(json.dumps(config))
+    assert resolve_checkpoint(str(local)).mimi == local / "mimi-v2.safetensors"
+    (local / "mimi-v2.safetensors").rename(local / MIMI_FILE)
+    with pytest.raises(CheckpointError, match="has no mimi-v2.safetensors"):
+        resolve_checkpoint(str(local))
+    config["mimi_name"] = "../elsewhere.safetensors"
+    (local / CONFIG_FILE).write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="must be a file name inside the checkpoint"):
+        resolve_checkpoint(str(local))
+    # on the hub: the file the config names is the one asked for
+    config["mimi_name"] = "mimi-v2.safetensors"
+    published_config = (root / CONFIG_FILE).read_text()
+    try:
+        (root / CONFIG_FILE).write_text(json.dumps(config))
+        with pytest.raises(CheckpointError, match="has no file mimi-v2.safetensors"):
+            resolve_checkpoint(REPO, progress=lambda s: None)
+    finally:
+        (root / CONFIG_FILE).write_text(published_config)
 
 
 # ---- the memory bound ----------------------------------------------------------------------------
