@@ -34,6 +34,7 @@ from personaplex_edge.contract import (AUDIO_NOISE, AUDIO_TEMPERATURE, AUDIO_TOP
 from personaplex_edge.errors import PersonaPlexError
 from personaplex_edge.streams import AGENT_FIRST, TEXT_STREAM, USER_FIRST, TokenRing
 
+from .backends import FramedGraph
 from .lm_frame import lm_frame
 from .metrics import FrameMetrics
 from .prompts import Prefill
@@ -122,7 +123,7 @@ class Lockstep:
     def framed(self) -> bool:
         """Whether Helium here takes several frames in one call (a graph with a frames axis, on
         a backend that binds one): the persona prefill then reads the weights once."""
-        return self._h[TOKENS].ndim == 3 and hasattr(self.helium, "run_frames")
+        return self._h[TOKENS].ndim == 3 and isinstance(self.helium, FramedGraph)
 
     def prefill_forced(self, row: int, plan: Prefill, frame_by_frame: bool = False) -> None:
         """Runs the persona's teacher-forced columns 0..len-2 of `plan` through Helium for

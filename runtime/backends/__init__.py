@@ -15,7 +15,7 @@ where it works and falls back to the CPU with one line saying why.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -41,7 +41,19 @@ class Graph(Protocol):
     def state(self, rows: Sequence[int] | None = None) -> dict[str, np.ndarray]: ...
     def set_state(self, arrays: dict[str, np.ndarray],
                   rows: Sequence[int] | None = None) -> None: ...
+    # the first `slots` slots of every KV ring: a persona's snapshot, and its restore
+    def ring_prefix(self, rows: Sequence[int] | None, slots: int) -> dict[str, np.ndarray]: ...
+    def set_ring_prefix(self, arrays: dict[str, np.ndarray],
+                        rows: Sequence[int] | None) -> None: ...
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class FramedGraph(Graph, Protocol):
+    """A Graph whose backend also runs a graph with a frames axis (helium_step) over F frames
+    in one call: the persona's prefill. Backends without it prefill frame by frame."""
+
+    def run_frames(self, frames: dict[str, np.ndarray], active: list[int]) -> None: ...
 
 
 class LoadedGraph(Protocol):
