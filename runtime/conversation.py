@@ -68,11 +68,11 @@ class Conversation:
         """From the start again on the same row (new sampling, or the same seed's noise from its
         beginning); prefill() again before stepping."""
         self.check_open()
-        if sampling is not None:
-            self.sampling = sampling
+        sampling = self.sampling if sampling is None else sampling
         with self.group.lock:
+            self.group.set_sampling(self.row, sampling)  # checked first: refused, nothing moved
             self.group.reset_row(self.row)
-            self.group.set_sampling(self.row, self.sampling)
+        self.sampling = sampling
         self.last_frame = None
 
     # -- persona --------------------------------------------------------------------------------

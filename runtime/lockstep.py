@@ -225,17 +225,19 @@ def step_many(frames: Mapping["Conversation", np.ndarray]
     """One frame for each conversation in `frames` (conversation -> pcm [1920] f32): one
     lockstep tick per batch group, so conversations sharing a batch-B model's group are stepped
     in one call of each graph. -> conversation -> (pcm [1920] view, text token or None)."""
-    groups: dict[int, tuple[Lockstep, dict[int, np.ndarray]]] = {}
+    groups: dict[int, tuple[Lockstep, dict[int, np.ndarray], dict[int, "Conversation"]]] = {}
     for conv, pcm in frames.items():
         conv.check_open()
-        groups.setdefault(id(conv.group), (conv.group, {}))[1][conv.row] = pcm
+        group, rows, owners = groups.setdefault(id(conv.group), (conv.group, {}, {}))
+        rows[conv.row], owners[conv.row] = pcm, conv
     out: dict["Conversation", tuple[np.ndarray, int | None]] = {}
-    for group, rows in groups.values():
+    for group, rows, owners in groups.values():
         with group.lock:
             results = group.tick(rows)
-        tick_ms = group.metrics.last()
+            tick_ms = group.metrics.last()  # read under the lock: the next tick replaces it
+        # the rows' owners as they were asked for: a row freed and taken again by another
+        # thread since the tick must not credit the newcomer
         for b, result in results.items():
-            conv = group.members[b]
-            conv.metrics.append(tick_ms)
-            out[conv] = result
+            owners[b].metrics.append(tick_ms)
+            out[owners[b]] = result
     return out

@@ -20,6 +20,7 @@ from conftest_lm import lm_bundle
 from moshi_pipeline import ReferencePipeline
 from moshi_reference import save_published, tie_free
 from personaplex_edge.cli import main
+from personaplex_edge.errors import PersonaPlexError
 from personaplex_edge.export.hub import CONFIG_FILE, MIMI_FILE, TOKENIZER_FILE, resolve_checkpoint
 from personaplex_edge.export.model_export import export_model
 from personaplex_edge.export.synthetic import train_tokenizer
@@ -109,6 +110,12 @@ def test_prefill_then_steps_are_deterministic_and_restart_repeats(demo_model_dir
     conv.restart(SamplingParams(seed=12))
     other, _ = conversation()
     assert not np.array_equal(first, other)
+    # a refused restart changes nothing: the same seed still gives the same conversation
+    with pytest.raises(PersonaPlexError, match="--top-k 100000 is outside"):
+        conv.restart(SamplingParams(seed=99, top_k=100_000))
+    assert conv.sampling == SamplingParams(seed=12)
+    conv.restart()
+    np.testing.assert_array_equal(conversation()[0], other)
 
 
 def test_conversations_sharing_a_model_interleaved_equal_each_alone(demo_model_dir):
