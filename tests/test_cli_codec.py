@@ -91,12 +91,17 @@ class _NoTorch:
 sys.meta_path.insert(0, _NoTorch())
 import importlib, pkgutil
 import personaplex_edge, personaplex_edge.runtime
-# every module of the runtime and of the shared core, whether or not the codec path uses it
+# every module of the runtime (its rooms too: backends, audio_io, serve) and of the shared
+# core, whether or not the codec path uses it
+seen = 0
 for pkg in (personaplex_edge.runtime, personaplex_edge):
-    for info in pkgutil.iter_modules(pkg.__path__):
-        if pkg is personaplex_edge and info.name in ("export", "runtime"):
+    for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
+        if info.name.startswith(("personaplex_edge.export", "personaplex_edge.runtime.")) \
+                and pkg is personaplex_edge:
             continue
-        importlib.import_module(pkg.__name__ + "." + info.name)
+        importlib.import_module(info.name)
+        seen += 1
+assert seen > 40, seen
 from personaplex_edge.cli import main
 rc = main(["codec", "--model", {str(tiny_codec_dir)!r}, "--input", {str(SPEECH)!r},
            "--output", {str(tmp_path / 'r.wav')!r}, "--device", "cpu"])

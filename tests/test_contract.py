@@ -213,8 +213,10 @@ def test_export_and_runtime_import_nothing_of_each_other():
     for room, other in (("export", "runtime"), ("runtime", "export")):
         for path in (root / room).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.ImportFrom):
-                    names = [("." * node.level) + (node.module or "")]
+                if isinstance(node, ast.ImportFrom):  # `from X import a` may import X.a
+                    base = ("." * node.level) + (node.module or "")
+                    names = [base] + [base.rstrip(".") + "." + a.name if node.module else
+                                      base + a.name for a in node.names]
                 elif isinstance(node, ast.Import):
                     names = [a.name for a in node.names]
                 else:
