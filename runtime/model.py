@@ -45,6 +45,7 @@ class Model:
         self.manifest = manifest
         self.config = manifest.config
         self.graphs = load_graphs(model_dir, manifest, GRAPHS, device, threads, progress)
+        self.runs_on = sorted({g.runs_on for g in self.graphs.values()})
         self._text = TextTokenizer(model_dir, manifest) if manifest.tokenizer else None
         mimi = self.config.mimi_config
         self.frame_size, self.sample_rate = mimi.samples_per_frame, mimi.sample_rate

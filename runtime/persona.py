@@ -180,7 +180,10 @@ class PersonaCache:
 
     @staticmethod
     def key(model: "Model", persona: Persona) -> str:
-        ident = {"manifest": model.manifest_sha256, "text": persona.text_prompt or "",
+        # the engines too: a TensorRT model run with --device cpu computes other last bits
+        # than its engines, and a restore must continue exactly as its own prefill would
+        ident = {"manifest": model.manifest_sha256, "runs_on": model.runs_on,
+                 "text": persona.text_prompt or "",
                  "voice": voice_identity(model, persona), "format": CACHE_FORMAT}
         return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:32]
 

@@ -704,3 +704,9 @@ def test_simulated_gpu_persona_prefill_in_one_engine_call(simulated):
         np.testing.assert_array_equal(runs[name][1], runs["gpu, one call"][1], err_msg=name)
         for ring, value in runs[name][0].items():
             np.testing.assert_allclose(value, runs["gpu, one call"][0][ring], atol=1e-5)
+    # the same TensorRT model on the CPU computes other last bits: its personas are cached apart
+    from personaplex_edge.runtime.persona import PersonaCache
+
+    cpu_on_trt = Model.load(model_dir, device="cpu")
+    assert gpu_model.runs_on == ["tensorrt"] and cpu_on_trt.runs_on == ["onnxruntime-cpu"]
+    assert PersonaCache.key(gpu_model, persona) != PersonaCache.key(cpu_on_trt, persona)

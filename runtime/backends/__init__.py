@@ -58,6 +58,8 @@ class FramedGraph(Graph, Protocol):
 
 class LoadedGraph(Protocol):
     entry: GraphEntry
+    runs_on: str  # what computes it: onnxruntime-cpu, onnxruntime-cuda, onnxruntime-tensorrt,
+    #               tensorrt (their numbers differ in the last bits: caches keep them apart)
 
     def bind(self) -> Graph: ...
     def close(self) -> None: ...

@@ -90,6 +90,7 @@ class OrtModelGraph:
         check_signature(entry, self.session)
         self.device = "cuda" if self.session.get_providers()[0] == "CUDAExecutionProvider" \
             else "cpu"
+        self.runs_on = f"onnxruntime-{self.device}"
         if self.device != "cpu" and (entry.rings or entry.state):
             raise ModelDirError(f"{entry.file} has state on the GPU, which OrtCudaGraph handles "
                                 "(open graphs with runtime.backends.load_graph)")

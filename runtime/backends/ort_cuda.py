@@ -68,6 +68,8 @@ class OrtCudaModelGraph:
                  trt_cache: str | Path | None = None):
         import onnxruntime as ort
 
+        self.runs_on = "onnxruntime-tensorrt" if tensorrt else "onnxruntime-cuda"
+
         from .ort import session_options
 
         if cuda_graph:

@@ -61,6 +61,7 @@ class TrtEngine:
 
     def __init__(self, model_dir: str | Path, manifest: Manifest, entry: GraphEntry,
                  device: int = 0):
+        self.runs_on = "tensorrt"
         trt = import_tensorrt()
         self.entry = entry
         self.device_index = device
