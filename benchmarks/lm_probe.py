@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -83,19 +83,30 @@ class GreedyLM:
 
     def run(self, user_codes: np.ndarray, forced: np.ndarray | None = None) -> GreedyRun:
         """user_codes [frames, 8]; forced [frames, 9] or None -> the model's own choices."""
-        ring = TokenRing(self.cfg)
         n = len(user_codes)
         tokens = np.zeros((n, 9), np.int64)
         temporal, depth = np.zeros(n), np.zeros(n)
         hidden = np.zeros((n, self.helium.outputs["hidden"].shape[-1]), np.float32)
-        for t in range(n):
-            ring.write_user(user_codes[t][None])
-            text, audio, temporal[t], depth[t] = self.frame(ring.step_input(), ring.position)
+        for t, (text, audio, temporal[t], depth[t]), _ in drive(self.cfg, user_codes,
+                                                                self.frame, forced):
             tokens[t, 0], tokens[t, 1:] = text, audio
             hidden[t] = self.helium.outputs["hidden"][0]
-            fed = tokens[t] if forced is None else forced[t]
-            ring.write_generated(fed[:1], fed[None, 1:])
         return GreedyRun(tokens, temporal, depth, hidden)
+
+
+def drive(cfg, user_codes: np.ndarray, frame: Callable, forced: np.ndarray | None = None
+          ) -> Iterator[tuple[int, tuple, TokenRing]]:
+    """The one frame loop of the probes: `frame(tokens [1, 17], position) -> (text, audio [8],
+    ...)` over user_codes [frames, 8] on Moshi's schedule (personaplex_edge.streams.TokenRing),
+    the frame's own text and audio fed back, or `forced` [frames, 9] (teacher forcing). Yields
+    (t, what frame returned, the ring) once frame t's tokens are written."""
+    ring = TokenRing(cfg)
+    for t, codes in enumerate(user_codes):
+        ring.write_user(np.asarray(codes)[None])
+        result = frame(ring.step_input(), ring.position)
+        text, audio = (result[0], result[1]) if forced is None else (forced[t, :1], forced[t, 1:])
+        ring.write_generated(np.asarray(text).reshape(1), np.asarray(audio).reshape(1, -1))
+        yield t, result, ring
 
 
 def greedy_sampling(graph) -> None:

@@ -67,20 +67,21 @@ class DumpLM:
     def run(self, cfg, user_codes: np.ndarray, forced: np.ndarray) -> dict:
         """user_codes [frames, 8], forced [frames, 9] (the reference's tokens, fed back) ->
         tokens [frames, 9], hidden [frames, D], ms per frame (after the first)."""
-        from personaplex_edge.streams import TokenRing
+        from lm_probe import drive
 
-        ring = TokenRing(cfg)
         n = len(user_codes)
         tokens = np.zeros((n, 9), np.int64)
         hidden, ms = [], []
-        for t in range(n):
-            ring.write_user(user_codes[t][None])
+
+        def timed(tokens_in: np.ndarray, position: int):
             t0 = time.perf_counter()
-            text, audio, hid = self.frame(ring.step_input(), ring.position)
+            out = self.frame(tokens_in, position)
             ms.append(1000 * (time.perf_counter() - t0))
+            return out
+
+        for t, (text, audio, hid), _ in drive(cfg, user_codes, timed, forced):
             tokens[t, 0], tokens[t, 1:] = text, audio
             hidden.append(hid)
-            ring.write_generated(forced[t, :1], forced[t][None, 1:])
         return {"tokens": tokens, "hidden": np.array(hidden), "ms": float(np.mean(ms[1:]))}
 
 

@@ -22,7 +22,6 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from personaplex_edge.config import PersonaPlexConfig, preset  # noqa: E402
-from personaplex_edge.streams import TokenRing  # noqa: E402
 
 FRAMES = 70  # greedy frames compared; the tiny context (40) wraps well before the end
 SEED = 0
@@ -138,12 +137,10 @@ class OrtLM:
 def run_schedule(cfg: PersonaPlexConfig, user_codes: torch.Tensor, frame_fn):
     """Drives `frame_fn(tokens [1,17], position) -> (text [1], audio [1,8])` on the project's
     token schedule; returns per-frame text [F], audio [F, 8] and outputs [F, 9] (-2 = none)."""
-    ring = TokenRing(cfg)
+    from lm_probe import drive
+
     texts, audios, outputs = [], [], []
-    for frame in user_codes.numpy():
-        ring.write_user(frame[None])
-        text, audio = frame_fn(ring.step_input(), ring.position)
-        ring.write_generated(text, audio)
+    for _, (text, audio), ring in drive(cfg, user_codes.numpy(), frame_fn):
         out = ring.output()
         texts.append(np.asarray(text).reshape(1))
         audios.append(np.asarray(audio).reshape(1, -1))
