@@ -45,6 +45,11 @@ if TYPE_CHECKING:
     from .model import Model
 
 
+# Persona frames per Helium call while other rows of the group are live: their ticks wait for
+# one call at most, and a call of 16 frames still reads the weights once for 16 frames.
+PREFILL_CHUNK = 16
+
+
 class Lockstep:
     """One batch of rows on a model (see the module docstring). Not used directly: a Model
     opens conversations on free rows."""
@@ -127,30 +132,39 @@ class Lockstep:
 
     def prefill_forced(self, row: int, plan: Prefill, frame_by_frame: bool = False) -> None:
         """Runs the persona's teacher-forced columns 0..len-2 of `plan` through Helium for
-        `row` (positions 0.., the KV rows land in its ring); nothing is sampled. One call over
-        all the columns where the graph allows it, else (or with `frame_by_frame`) one step
-        per column, as the reference does."""
+        `row` (positions 0.., the KV rows land in its ring); nothing is sampled. As few calls
+        as `prefill_call` makes; the caller holds the group's lock throughout."""
+        done = 0
+        while done < len(plan) - 1:
+            done = self.prefill_call(row, plan, done, frame_by_frame)
+
+    def prefill_call(self, row: int, plan: Prefill, done: int,
+                     frame_by_frame: bool = False) -> int:
+        """One Helium call of the persona's forced columns from column `done` on; returns how
+        many are done after it. A graph with a frames axis takes every remaining column in one
+        call while `row` is alone in the group, and PREFILL_CHUNK of them while other rows are
+        live: the caller takes the group's lock per call, so their ticks go on between calls
+        instead of waiting for the whole prompt. Without a frames axis (or with
+        `frame_by_frame`): one step per column, as the reference does."""
         forced = len(plan) - 1
-        if forced < 1:
-            return
         if self.framed and not frame_by_frame:
-            tokens = np.zeros((self.batch, forced, self._h[TOKENS].shape[-1]), np.int64)
-            extra = np.zeros((self.batch, forced, self._h[EXTRA_EMBEDDING].shape[-1]),
+            count = forced - done if self.occupied <= 1 else min(PREFILL_CHUNK, forced - done)
+            tokens = np.zeros((self.batch, count, self._h[TOKENS].shape[-1]), np.int64)
+            extra = np.zeros((self.batch, count, self._h[EXTRA_EMBEDDING].shape[-1]),
                              self._h[EXTRA_EMBEDDING].dtype)  # [B, F, D]
-            tokens[row] = np.stack(plan.columns[:forced])  # [F, 17]
-            for f, e in enumerate(plan.embeddings[:forced]):
+            tokens[row] = np.stack(plan.columns[done:done + count])  # [F, 17]
+            for f, e in enumerate(plan.embeddings[done:done + count]):
                 if e is not None:
                     extra[row, f] = e.reshape(-1)
-            self._h[POSITION][row] = 0
+            self._h[POSITION][row] = done
             self.helium.run_frames({TOKENS: tokens, EXTRA_EMBEDDING: extra}, [row])
-            return
-        ring = self.rings[row]
-        for position in range(forced):
-            ring.offset = position  # the position the temporal step runs at
-            self._h[TOKENS][row] = plan.columns[position]
-            self._set_extra(row, plan.embeddings[position])
-            self._h[POSITION][row] = position
-            self.helium.run([row])
+            return done + count
+        self.rings[row].offset = done  # the position the temporal step runs at
+        self._h[TOKENS][row] = plan.columns[done]
+        self._set_extra(row, plan.embeddings[done])
+        self._h[POSITION][row] = done
+        self.helium.run([row])
+        return done + 1
 
     def prefill_last(self, row: int, plan: Prefill) -> None:
         """The last prompt column runs like a live step: its text and agent codebook 0 are the

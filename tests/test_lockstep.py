@@ -146,3 +146,52 @@ def test_bench_plot_without_matplotlib_is_one_message(batch_model_dir, tmp_path)
     assert done.returncode == 2, done.stderr
     assert "--plot needs matplotlib" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "p.png").exists()
+
+
+def test_a_cold_persona_lets_the_other_rows_tick_between_its_calls(batch_model_dir,
+                                                                     monkeypatch):
+    """A persona prefilled on a row while another row of its group is live runs in calls of
+    PREFILL_CHUNK frames, each under its own hold of the group's lock: the live row's ticks
+    wait for one call, never for the whole prompt. Alone in its group, it is one call."""
+    from personaplex_edge.runtime import lockstep
+
+    model = Model.load(batch_model_dir, device="cpu")
+    live = model.open_conversation(SamplingParams(greedy=True), Persona(enabled=False))
+    group = live.group
+
+    class Recorded:
+        """The group's lock, counting its holds and the Helium calls made in each."""
+
+        def __init__(self, lock):
+            self.lock, self.holds = lock, []
+
+        def __enter__(self):
+            self.lock.acquire()
+            self.holds.append(0)
+
+        def __exit__(self, *exc):
+            self.lock.release()
+
+    recorded = Recorded(group.lock)
+    monkeypatch.setattr(group, "lock", recorded)
+    run_frames = group.helium.run_frames
+
+    def counted(frames, active):
+        recorded.holds[-1] += 1
+        return run_frames(frames, active)
+
+    monkeypatch.setattr(group.helium, "run_frames", counted)
+    with model.open_conversation(SamplingParams(greedy=True),
+                                 Persona(text_prompt="You are a helpful robot.")) as cold:
+        frames = cold.prefill()
+    forced = frames - 1
+    assert forced > 2 * lockstep.PREFILL_CHUNK
+    calls = [n for n in recorded.holds if n]
+    assert calls == [1] * -(-forced // lockstep.PREFILL_CHUNK)  # one call per hold
+    live.close()
+    recorded.holds.clear()
+    with model.open_conversation(SamplingParams(greedy=True),
+                                 Persona(text_prompt="You are a helpful robot.",
+                                         voice="NATM1")) as alone:
+        alone.prefill()
+    assert [n for n in recorded.holds if n] == [1]
