@@ -240,7 +240,14 @@ class DuplexLoop:
         # the input sample index captured when played sample `out_count` leaves the speaker
         captured = in_count + (t_out + out_lat - (t_in - in_lat)) * self.input_rate_hz
         delay = captured / self._in_ratio - out_count / self._out_ratio  # model-rate samples
-        self.echo.set_delay_hint(1000.0 * max(0.0, delay) / self.model_rate)
+        if delay < 0:
+            # the microphone started after the speaker (a slow input: PipeWire, Bluetooth,
+            # USB): its first sample heard what was played -delay samples into the reference.
+            # Counting the microphone from there puts both on one clock, and the rest of the
+            # delay is the room's and the devices', which the canceller follows
+            self.echo.skip(int(round(-delay)))
+            delay = 0.0
+        self.echo.set_delay_hint(1000.0 * delay / self.model_rate)
         self._hinted = True
 
     @property
