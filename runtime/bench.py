@@ -26,7 +26,7 @@ import numpy as np
 from personaplex_edge.errors import PersonaPlexError
 
 from .lockstep import step_many
-from .metrics import FRAME_BUDGET_MS, format_summary
+from .metrics import FRAME_BUDGET_MS, FrameMetrics, format_summary
 from .model import Model
 from .persona import Persona
 from .sampling import SamplingParams
@@ -47,9 +47,14 @@ class BenchResult:
     stages: tuple[str, ...]
     frame_ms: np.ndarray  # [streams, frames, stages + 1]: every measured frame
     round_ms: np.ndarray  # [frames]
-    tick_ms: np.ndarray  # [ticks]: one lockstep call of all four graphs
+    ticks: FrameMetrics  # one row per lockstep tick (one call of each graph), per stage
     position: int
     context: int
+
+    @property
+    def tick_ms(self) -> np.ndarray:
+        """[ticks] ms of each whole tick."""
+        return self.ticks.table()[:, -1]
 
     @property
     def ticks_per_round(self) -> int:
@@ -64,6 +69,7 @@ class BenchResult:
         return {"streams": self.streams, "batch": self.batch,
                 "position": self.position, "context": self.context,
                 "round": _percentiles(self.round_ms), "tick": _percentiles(self.tick_ms),
+                "tick_stages": self.ticks.summary(),
                 "largest_streams": self.largest_streams(),
                 "per_stream": self.per_stream, "stages": list(self.stages) + ["frame"],
                 "frames": self.frame_ms.round(3).tolist(),
@@ -80,6 +86,9 @@ class BenchResult:
                      f"tick(s) of batch {self.batch}): p50 {r['p50']:.2f} ms, p99 "
                      f"{r['p99']:.2f} ms, {int((self.round_ms > FRAME_BUDGET_MS).sum())} over "
                      f"{FRAME_BUDGET_MS:.0f} ms")
+        if self.streams > 1:
+            lines += ["per tick (one call of each graph for a lockstep group):",
+                      format_summary(self.ticks.summary())]
         lines.append(f"tick: p50 {t['p50']:.2f} ms, p99 {t['p99']:.2f} ms -> at most "
                      f"{self.largest_streams()} streams keep up on this machine (p99 ticks "
                      f"within {FRAME_BUDGET_MS:.0f} ms)")
@@ -116,7 +125,7 @@ def run_bench(model: Model, frames: int = 200, warmup: int = 10, streams: int = 
     fronts = [front(conv) if front else None for conv in convs]
     offsets = [(k * 7 * frame) % pcm.shape[0] for k in range(streams)]  # streams differ
     round_ms = np.empty(total)
-    ticks: list[float] = []
+    ticks = FrameMetrics(convs[0].group.metrics.stages)
     try:
         for i in range(total):
             batch = {}
@@ -131,15 +140,15 @@ def run_bench(model: Model, frames: int = 200, warmup: int = 10, streams: int = 
             round_ms[i] = 1000.0 * (time.perf_counter() - t0)
             if i >= warmup:
                 for key, group in groups.items():
-                    ticks.extend(group.metrics.table(last=group.metrics.frames - seen[key])
-                                 [:, -1].tolist())
+                    for row in group.metrics.table(last=group.metrics.frames - seen[key]):
+                        ticks.append(row)
             for k, conv in enumerate(convs):
                 if fronts[k]:
                     fronts[k].played(out[conv][0])
         per_stream = [c.metrics.summary(last=frames) for c in convs]
         table = np.stack([c.metrics.table(last=frames) for c in convs])
         return BenchResult(streams, model.batch, per_stream, convs[0].metrics.stages, table,
-                           round_ms[warmup:], np.array(ticks), convs[0].position, model.context)
+                           round_ms[warmup:], ticks, convs[0].position, model.context)
     finally:
         for conv in convs:
             conv.close()

@@ -129,6 +129,12 @@ def test_bench_streams_json_and_plot(batch_model_dir, tmp_path, capsys):
     # per stream, the stages add up to the frame's time (host takes what is not a stage)
     np.testing.assert_allclose(frames[..., :-1].sum(-1), frames[..., -1], atol=0.01)  # 3 decimals
     assert data["largest_streams"] % 3 == 0 and data["largest_streams"] >= 3
+    # per tick, per stage: 2 ticks per round (3 rows + 1 row), each a call of every graph
+    ticks = data["tick_stages"]
+    assert ticks["frames"] == 2 * 12
+    assert all(ticks[s]["p50"] > 0 for s in ("encode", "temporal", "depformer", "decode"))
+    assert ticks["frame"]["p99"] == pytest.approx(data["tick"]["p99"])
+    assert "per tick (one call of each graph" in out
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
