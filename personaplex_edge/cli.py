@@ -313,7 +313,7 @@ def cmd_bench(args) -> int:
         return TimedStage(conv.metrics, model.sample_rate, model.frame_size, warn=_note)
 
     result = run_bench(model, args.frames, args.warmup, args.streams, _sampling(args), persona,
-                       front=canceller)
+                       front=canceller if args.aec == "on" else None)
     print(f"{model.model_dir}: {args.streams} stream(s), {args.frames} frames after "
           f"{args.warmup} warm-up, position {result.position} (context {result.context})")
     print(result.report())
@@ -490,6 +490,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", help="write the summaries and every frame's stage times here")
     b.add_argument("--plot", help="draw frame time per stage over the run into this PNG "
                                   "(needs matplotlib)")
+    b.add_argument("--aec", choices=("on", "off"), default="on",
+                   help="the echo canceller in front of each stream, as --mic runs it (on); "
+                        "off as serve runs (its clients cancel their own echo)")
     b.set_defaults(func=cmd_bench)
 
     v = sub.add_parser("serve", help="the moshi/PersonaPlex WebSocket protocol and a web page: "

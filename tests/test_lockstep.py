@@ -135,6 +135,14 @@ def test_bench_streams_json_and_plot(batch_model_dir, tmp_path, capsys):
     assert all(ticks[s]["p50"] > 0 for s in ("encode", "temporal", "depformer", "decode"))
     assert ticks["frame"]["p99"] == pytest.approx(data["tick"]["p99"])
     assert "per tick (one call of each graph" in out
+    from personaplex_edge.runtime.audio_io import speexdsp
+
+    # the canceller in front of each stream, as --mic runs it; --aec off leaves it out
+    assert ("aec" in data["per_stream"][0]) == (speexdsp.load() is not None)
+    assert main(["bench", "--model", str(batch_model_dir), "--frames", "3", "--warmup", "1",
+                 "--no-persona", "--device", "cpu", "--aec", "off", "--json",
+                 str(tmp_path / "off.json")]) == 0
+    assert "aec" not in json.loads((tmp_path / "off.json").read_text())["per_stream"][0]
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
