@@ -33,6 +33,7 @@ def main() -> None:
     args = ap.parse_args()
     from models import exported
 
+    from personaplex_edge.manifest import load_model_dir
     from personaplex_edge.runtime.model import Model
     from personaplex_edge.runtime.persona import Persona, PersonaCache
     from personaplex_edge.runtime.sampling import SamplingParams
@@ -44,7 +45,7 @@ def main() -> None:
         results: dict[str, list[float]] = {"cold": [], "warm": [], "disk": []}
         for r in range(args.repeats + 1):  # the first round warms onnxruntime up
             with tempfile.TemporaryDirectory() as cache_dir:
-                manifest = Model.load(model_dir, device="cpu").manifest
+                manifest = load_model_dir(model_dir)
                 model = Model(model_dir, manifest, "cpu", args.threads,
                               persona_cache=PersonaCache(directory=cache_dir))
                 for way in ("cold", "warm", "disk"):

@@ -24,6 +24,7 @@ from personaplex_edge.errors import PersonaPlexError
 from personaplex_edge.export.hub import CONFIG_FILE, MIMI_FILE, TOKENIZER_FILE, resolve_checkpoint
 from personaplex_edge.export.model_export import export_model
 from personaplex_edge.export.synthetic import train_tokenizer
+from personaplex_edge.manifest import load_model_dir
 from personaplex_edge.runtime.model import Model
 from personaplex_edge.runtime.persona import Persona
 from personaplex_edge.runtime.sampling import SamplingParams
@@ -185,7 +186,7 @@ def test_a_cached_persona_continues_exactly_as_a_fresh_prefill(demo_model_dir, t
     persona = Persona(text_prompt=PROMPT, voice="NATM1")
     notes = []
     cache = PersonaCache(directory=tmp_path / "cache", progress=notes.append)
-    model = Model(demo_model_dir, Model.load(demo_model_dir, device="cpu").manifest, "cpu",
+    model = Model(demo_model_dir, load_model_dir(demo_model_dir), "cpu",
                   persona_cache=cache)
     outs = []
     for _ in range(2):
@@ -298,7 +299,7 @@ def _without_tokenizer(model_dir, dst):
     """A copy of a model directory whose manifest names no text tokenizer."""
     import dataclasses
 
-    from personaplex_edge.manifest import load_model_dir, write_manifest
+    from personaplex_edge.manifest import write_manifest
 
     shutil.copytree(model_dir, dst)
     write_manifest(dst, dataclasses.replace(load_model_dir(dst), tokenizer=None))
