@@ -7,6 +7,7 @@ measure their round trip (a frame sent -> its answer frame decoded).
     python benchmarks/bench_serve.py --model demo --clients 4 --seconds 60
     python benchmarks/bench_serve.py --model demo --sweep --seconds 20 [--json out.json]
     python benchmarks/bench_serve.py --model mid --sweep --seconds 20 [--precision int8]
+    python benchmarks/bench_serve.py --model demo --startup 10     # cold and warm personas
 
 "Keeps up" means: zero drops in every session and every session's frame p99 under 80 ms.
 `--sweep` raises the number of clients until that fails and reports the largest that held.
@@ -288,6 +289,28 @@ def run_load(srv: ServerThread, n: int, seconds: float) -> dict:
             "errors": [e for c in clients for e in c["errors"]]}
 
 
+def run_startup(srv: ServerThread, count: int) -> dict:
+    """Connect -> handshake and connect -> first answer frame, one client at a time: `count`
+    personas the server has not seen (cold: the batched prefill runs), each followed by the
+    same persona again (warm: restored from the persona cache)."""
+    from urllib.parse import quote
+
+    pages = opus_pages(speech(1.0))
+    out: dict[str, dict[str, list[float]]] = {
+        way: {"handshake_ms": [], "first_answer_ms": []} for way in ("cold", "warm")}
+    for i in range(count):
+        query = "?text_prompt=" + quote(f"You are assistant number {i} of this benchmark.")
+        for way in ("cold", "warm"):
+            r = asyncio.run(talk(srv.url, pages, query=query, pace=FRAME_S, tail_s=2.0,
+                                 until_frames=1))
+            if r.errors or r.handshake_s is None or not r.round_trip_ms:
+                raise RuntimeError(f"a {way} client failed: {r.errors or r.kinds}")
+            out[way]["handshake_ms"].append(1000 * r.handshake_s)
+            # the first frame goes out at the handshake: its round trip completes the start
+            out[way]["first_answer_ms"].append(1000 * r.handshake_s + r.round_trip_ms[0])
+    return out
+
+
 def mid_model_dir(precision: str = "fp32") -> Path:
     """The mid LM with the real-size Mimi, exported once into models/mid (models/mid-int8 for
     --precision int8, ...)."""
@@ -332,6 +355,10 @@ def main() -> None:
     p.add_argument("--max-clients", type=int, default=64)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", help="write every run here")
+    p.add_argument("--startup", type=int, metavar="N", default=0,
+                   help="instead of the load: N connections with a persona new to the server "
+                        "(cold) and N with one it has (warm), one at a time: connect -> "
+                        "handshake and -> first answer frame")
     args = p.parse_args()
 
     from personaplex_edge.cli import resolve_model
@@ -346,6 +373,18 @@ def main() -> None:
     runs = []
     options = ServeOptions(model_dir, model_name=args.model, port=0,
                            max_sessions=max(counts), threads=args.threads)
+    if args.startup:
+        with ServerThread(options) as srv:
+            startup = run_startup(srv, args.startup)
+        for way, figures in startup.items():
+            log(f"{way}: connect -> handshake p50 {np.median(figures['handshake_ms']):.1f} ms "
+                f"(max {max(figures['handshake_ms']):.1f}), -> first answer frame p50 "
+                f"{np.median(figures['first_answer_ms']):.1f} ms")
+        report = {"model": args.model, "model_dir": str(model_dir), "startup": startup}
+        print(json.dumps(report, indent=2))
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=2))
+        return
     with ServerThread(options) as srv:
         log(f"serving {model_dir} at {srv.url} (batch {srv.server.model.batch})")
         for n in counts:
