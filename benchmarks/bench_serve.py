@@ -64,11 +64,15 @@ def opus_pages(pcm: np.ndarray) -> list[bytes]:
 
 
 def opus_round_trip(pages: list[bytes]) -> np.ndarray:
-    """What the server decodes from those pages (sphn's reader, as the server reads them)."""
+    """What the server decodes from those pages (sphn's reader, fed page by page as the server
+    feeds it)."""
     import sphn
 
+    from personaplex_edge.runtime.serve.opus import ogg_pages
+
     reader = sphn.OpusStreamReader(RATE)
-    out = [np.asarray(reader.append_bytes(p), np.float32) for p in pages if p]
+    out = [np.asarray(reader.append_bytes(page), np.float32)
+           for message in pages for page in ogg_pages(message)]
     return np.concatenate(out) if out else np.zeros(0, np.float32)
 
 

@@ -27,7 +27,8 @@ from bench_serve import (FRAME, ServerThread, opus_pages, opus_round_trip,  # no
 from personaplex_edge.runtime.sampling import SamplingParams  # noqa: E402
 from personaplex_edge.runtime.serve import ServeOptions  # noqa: E402
 
-EXACT = dict(sampling=SamplingParams(greedy=True), max_backlog=100_000)  # nothing dropped
+# nothing dropped; audio pushed as fast as a test can is not cut off as running ahead
+EXACT = dict(sampling=SamplingParams(greedy=True), max_backlog=100_000, max_ahead_s=None)
 
 
 @pytest.fixture(scope="module")
@@ -233,7 +234,9 @@ def test_a_client_that_stops_reading_is_cut_off(greedy_server, caplog):
 
 # -- latency: drop the oldest, count it -----------------------------------------------------------
 def test_a_session_that_falls_behind_drops_its_oldest_frames(model, demo_model_dir, pages):
-    with ServerThread(ServeOptions(demo_model_dir, port=0, max_backlog=2), model=model) as srv:
+    # a server too slow for its clients, played by one client sending far ahead of the clock
+    with ServerThread(ServeOptions(demo_model_dir, port=0, max_backlog=2, max_ahead_s=None),
+                      model=model) as srv:
         burst = opus_pages(speech(16.0))  # 200 frames sent at once: far faster than real time
         r = chat(srv, burst, pace=None, tail_s=3)
         assert not r.errors
@@ -249,6 +252,72 @@ def test_a_session_that_falls_behind_drops_its_oldest_frames(model, demo_model_d
                 return await (await http.get(srv.url + "metrics")).text()
         text = asyncio.run(metrics())
         assert f"personaplex_dropped_frames_total {float(s['dropped'])}" in text
+
+
+def test_a_client_streaming_far_ahead_of_the_clock_is_ended(model, demo_model_dir, pages):
+    """Audio pushed far faster than real time (30 s of it at once) would take the other
+    sessions' CPU in Opus decoding: past 10 s ahead of the clock the session ends with ERROR
+    and 1008; a burst within the allowance (4 s at once) is served."""
+    with ServerThread(ServeOptions(demo_model_dir, port=0,
+                                   sampling=SamplingParams(greedy=True)), model=model) as srv:
+        flood = chat(srv, opus_pages(speech(30.0)), pace=None, tail_s=5)
+        burst = chat(srv, pages, pace=None, until_frames=10, tail_s=10)
+    assert len(flood.errors) == 1 and "faster than real time" in flood.errors[0]
+    assert flood.close_code == 1008
+    assert flood.answer_samples < 20 * 12.5 * FRAME  # cut well before its 30 s
+    assert not burst.errors and burst.kinds[0] == 0 and burst.answer_samples > 0
+
+
+def test_one_message_of_many_seconds_is_decoded_whole(greedy_server):
+    """A valid Ogg/Opus message holding 12 s (under the 1 MiB bound): sphn decodes at most
+    5 s per call, so it is fed page by page, never refused as 'not Ogg/Opus'."""
+    blob = b"".join(opus_pages(speech(12.0)))
+    n = len(opus_round_trip([blob])) // FRAME
+    r = chat(greedy_server, [blob], pace=None, until_frames=n, tail_s=15)
+    assert not r.errors and r.answer_samples == n * FRAME and n >= 140
+
+
+def test_a_client_that_leaves_during_its_prefill_frees_its_slot_at_once(
+        model, demo_model_dir, monkeypatch):
+    """The slot of a client gone mid-prefill is free within a second, not when its (here
+    3 s) prefill ends; the conversation it would have had is closed when that prefill ends."""
+    from personaplex_edge.runtime.serve import chat as chat_module
+
+    slow = chat_module._open_conversation
+
+    def slow_open(state, params):
+        time.sleep(3.0)
+        return slow(state, params)
+
+    monkeypatch.setattr(chat_module, "_open_conversation", slow_open)
+    with ServerThread(ServeOptions(demo_model_dir, port=0, max_sessions=1), model=model) as srv:
+        async def scene():
+            async with aiohttp.ClientSession() as http:
+                ws = await http.ws_connect(srv.url.replace("http", "ws") + "api/chat")
+                await asyncio.sleep(0.3)
+                assert srv.state.slots_used == 1
+                await ws.close()
+                t0 = time.perf_counter()
+                while srv.state.slots_used and time.perf_counter() - t0 < 2:
+                    await asyncio.sleep(0.01)
+                return time.perf_counter() - t0
+
+        freed_s = asyncio.run(scene())
+        assert freed_s < 1.0
+        assert wait_until(lambda: model.open_conversations == 0, timeout=6)
+
+
+def test_a_long_text_prompt_reaches_the_server(greedy_server):
+    """A text_prompt of 3000 characters, percent-encoded past aiohttp's default 8 KiB request
+    line: the upgrade happens and the prompt is judged (a handshake, or too long for the context
+    or said in ERROR), not answered with a bare HTTP 400."""
+    from urllib.parse import quote
+
+    query = "?text_prompt=" + quote("é" * 3000)
+    assert len(query) > 8192
+    r = chat(greedy_server, [], query=query, wait_handshake=False, tail_s=10)
+    assert r.status is None
+    assert r.kinds[:1] == [0] or (len(r.errors) == 1 and "context" in r.errors[0])
 
 
 # -- capacity ----------------------------------------------------------------------------------------

@@ -19,11 +19,11 @@ pytest.importorskip("sphn")
 from bench_serve import opus_pages, speech, talk  # noqa: E402
 
 
-def start_serve(model_dir, *flags) -> tuple[subprocess.Popen, str]:
+def start_serve(model_dir, *flags, env=None) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", "personaplex_edge.cli", "serve", "--model",
                              str(model_dir), "--port", "0", *flags],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     lines = []
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -81,3 +81,24 @@ def test_binds_to_localhost_by_default_and_refuses_a_taken_port(demo_model_dir):
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0
+
+
+def test_the_token_from_the_environment_guards_the_chat(demo_model_dir):
+    """$PERSONAPLEX_AUTH_TOKEN reaches the server the command starts (ps never shows it): 401
+    without it, a conversation with it."""
+    proc, url = start_serve(demo_model_dir, "--max-sessions", "1",
+                            env={"PERSONAPLEX_AUTH_TOKEN": "s3cret"})
+    try:
+        pages = opus_pages(speech(1.0))
+
+        async def scene():
+            return (await talk(url, pages, pace=None, tail_s=0.2),
+                    await talk(url, pages, query="?token=s3cret", pace=None, tail_s=1.0))
+
+        without, with_token = asyncio.run(scene())
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=20)
+    assert without.status == 401 and without.kinds == []
+    assert with_token.kinds[:1] == [0] and not with_token.errors
+    assert rc == 0

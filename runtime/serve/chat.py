@@ -81,19 +81,27 @@ async def _converse(state: ServerState, ws: web.WebSocketResponse, request: web.
     try:
         params = parse_params(request.query, state.sampling, state.persona, state.voices,
                               state.top_k_max)
-    except ParamError as e:
+    except Exception as e:  # ParamError names the parameter; anything else is the server's
+        if not isinstance(e, ParamError):
+            log.exception("%s: internal error reading the query", peer)
         state.stats.ended.labels(cause="error").inc()
         log.info("%s: refused: %s", peer, e)
-        await _close(ws, request, str(e), WSCloseCode.POLICY_VIOLATION)
+        await _close(ws, request, str(e) if isinstance(e, ParamError) else
+                     f"internal error: {e}", WSCloseCode.POLICY_VIOLATION
+                     if isinstance(e, ParamError) else WSCloseCode.INTERNAL_ERROR)
         return
     model = state.model
     session = ChatSession(params, peer, state.max_backlog, state.send_queue, model.sample_rate,
-                          model.frame_size, state.ticker.wake, model.text.piece)
+                          model.frame_size, state.ticker.wake, model.text.piece,
+                          state.max_ahead_s)
     state.sessions.add(session)
     prefill: Future | None = None
     reason: str | None = None
     code = WSCloseCode.OK
-    tasks: list[asyncio.Task] = []
+    # reading starts now, not at the handshake: a client that leaves during its prefill ends
+    # its session (and frees its slot) at once; audio sent before the handshake waits in the
+    # backlog, bounded as always
+    tasks: list[asyncio.Task] = [asyncio.create_task(_read(ws, session, state))]
     try:
         prefill = state.prefill_pool.submit(_open_conversation, state, params)
         session.conv = await _until_ended(session, asyncio.wrap_future(prefill))
@@ -108,8 +116,7 @@ async def _converse(state: ServerState, ws: web.WebSocketResponse, request: web.
                  params.persona.voice or "default",
                  session.conv.prefill_seconds, " (cached)" if session.conv.persona_cached else "")
         state.ticker.attach(session)
-        tasks = [asyncio.create_task(_read(ws, session, state)),
-                 asyncio.create_task(_write(ws, session))]
+        tasks.append(asyncio.create_task(_write(ws, session)))
         if params.stats:
             tasks.append(asyncio.create_task(_report(session)))
         reason, code = await session.ended
@@ -126,7 +133,7 @@ async def _converse(state: ServerState, ws: web.WebSocketResponse, request: web.
         await asyncio.gather(*tasks, return_exceptions=True)
         if session.conv is not None:
             await asyncio.wrap_future(state.ticker.detach(session))
-        elif prefill is not None:
+        elif prefill is not None and not prefill.cancel():  # still queued: it never runs
             prefill.add_done_callback(_close_abandoned)
         cause = "client" if reason is None else (
             "shutdown" if state.stopping else "error")
@@ -154,7 +161,8 @@ def _open_conversation(state: ServerState, params: ChatParams):
 
 def _close_abandoned(fut: Future) -> None:
     """A prefill that finished after its client had gone: its row is given back (the
-    conversation never reached the tick thread, so closing it here races with nothing)."""
+    conversation never reached the tick thread, so closing it here races with nothing); its
+    error, if it failed, is the gone client's and goes no further."""
     if not fut.cancelled() and fut.exception() is None:
         fut.result().close()
 
@@ -184,6 +192,12 @@ async def _read(ws: web.WebSocketResponse, session: ChatSession, state: ServerSt
                 raise protocol.ProtocolError(f"bad WebSocket message: {ws.exception()}")
     except (protocol.ProtocolError, OpusError) as e:
         session.end(str(e), WSCloseCode.POLICY_VIOLATION)
+        return
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # the server's fault: this session ends with it, said and logged
+        log.exception("session %d (%s): internal error reading", session.id, session.peer)
+        session.end(f"internal error: {e}", WSCloseCode.INTERNAL_ERROR)
         return
     session.end(None)  # the client closed
 

@@ -47,6 +47,27 @@ except ImportError:
     pass
 
 
+def ogg_pages(data: bytes) -> list[bytes]:
+    """`data` cut at its Ogg page boundaries (RFC 3533: a 27-byte header, a segment table of
+    `segments` lengths, the body). Whatever does not parse as a whole page - a page's start
+    or end split across messages, or bytes that are not Ogg at all - is one last piece, for
+    the reader to continue or refuse."""
+    pages, pos, view = [], 0, memoryview(data)
+    while pos + 27 <= len(data) and data[pos:pos + 4] == b"OggS":
+        segments = data[pos + 26]
+        body_at = pos + 27 + segments
+        if body_at > len(data):
+            break
+        end = body_at + sum(view[pos + 27:body_at])
+        if end > len(data):
+            break
+        pages.append(data[pos:end])
+        pos = end
+    if pos < len(data):
+        pages.append(data[pos:])
+    return pages
+
+
 class OpusDecoder:
     """A client's Ogg/Opus stream -> complete frames of `frame_size` samples (float32)."""
 
@@ -56,11 +77,17 @@ class OpusDecoder:
         self._pending = np.zeros(0, np.float32)  # decoded samples short of a whole frame
 
     def feed(self, data: bytes) -> list[np.ndarray]:
-        try:
-            pcm = self._reader.append_bytes(data)
-        except _DECODE_ERRORS as e:
-            raise OpusError(f"not an Ogg/Opus stream ({e})") from None
-        pcm = np.asarray(pcm, np.float32).reshape(-1)
+        """One message's bytes -> the whole frames they complete. Fed to sphn page by page:
+        one call of its reader decodes at most 5 s (120000 samples), which one message of
+        many pages can hold."""
+        parts = []
+        for chunk in ogg_pages(data):
+            try:
+                parts.append(np.asarray(self._reader.append_bytes(chunk), np.float32).reshape(-1))
+            except _DECODE_ERRORS as e:
+                raise OpusError(f"not an Ogg/Opus stream ({e})") from None
+        pcm = np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else \
+            np.zeros(0, np.float32)
         if not np.isfinite(pcm).all():
             raise OpusError("the Opus stream decoded to non-finite samples")
         if self._pending.size:

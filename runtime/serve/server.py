@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import ssl
 import sys
@@ -27,7 +28,7 @@ from personaplex_edge.runtime.sampling import SamplingParams
 
 from .app import build_app
 from .opus import check_sphn
-from .params import Voices
+from .params import MAX_TEXT_PROMPT_CHARS, Voices
 from .state import ServerState
 from .stats import ServerStats
 from .ticker import Ticker
@@ -35,6 +36,7 @@ from .ticker import Ticker
 log = logging.getLogger("personaplex_edge.serve")
 
 DRAIN_SECONDS = 5.0  # how long a stop waits for the sessions' handlers to finish
+MAX_REQUEST_LINE = 16 + 9 * MAX_TEXT_PROMPT_CHARS + 1024  # bytes: %XX%XX%XX per character
 
 
 @dataclass
@@ -51,6 +53,9 @@ class ServeOptions:
     persona: Persona = field(default_factory=Persona)
     max_backlog: int = 2  # input frames a session may have waiting before the oldest drop
     send_queue: int = 64  # messages waiting for a client (~2.5 s of answers) before it is cut
+    # seconds of audio a client may send ahead of the clock before its session ends (None: no
+    # limit; benchmarks and tests that push audio as fast as they can)
+    max_ahead_s: float | None = 10.0
     device: str = "auto"
     threads: int | None = None
     persona_cache: object = None  # a runtime.persona.PersonaCache (None: the model's default)
@@ -102,6 +107,7 @@ class Server:
         self.model = model
         self.runner: web.AppRunner | None = None
         self.url = ""
+        self.everywhere = False
         self.state: ServerState | None = None
 
     def _check_defaults(self) -> None:
@@ -137,10 +143,13 @@ class Server:
             top_k_max=_top_k_max(model), ticker=Ticker(step_many, stats), stats=stats,
             prefill_pool=ThreadPoolExecutor(1, thread_name_prefix="personaplex-prefill"),
             max_sessions=o.max_sessions, max_backlog=o.max_backlog, send_queue=o.send_queue,
-            auth_token=o.auth_token, default_voice=default_voice)
+            auth_token=o.auth_token, default_voice=default_voice, max_ahead_s=o.max_ahead_s)
         self.state.ticker.start()
+        # a request line long enough for the longest text_prompt, percent-encoded (aiohttp's
+        # 8 KiB default would answer a bare 400 to a prompt of ~2700 characters)
         self.runner = web.AppRunner(build_app(self.state), access_log=None,
-                                    handle_signals=False, shutdown_timeout=DRAIN_SECONDS)
+                                    handle_signals=False, shutdown_timeout=DRAIN_SECONDS,
+                                    max_line_size=MAX_REQUEST_LINE)
         await self.runner.setup()
         site = web.TCPSite(self.runner, o.host, o.port, ssl_context=self._ssl)
         try:
@@ -151,6 +160,9 @@ class Server:
             raise PersonaPlexError(f"cannot listen on {o.host}:{o.port} ({e.strerror}); "
                                    "choose another --port or stop what uses it") from None
         host, port = self.runner.addresses[0][:2]
+        # every interface is not an address to open: this machine's loopback is
+        self.everywhere = host in ("0.0.0.0", "::")
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
         shown = f"[{host}]" if ":" in host else host
         self.url = f"{'https' if self._ssl else 'http'}://{shown}:{port}/"
         self.port = port
@@ -170,18 +182,35 @@ class Server:
             await asyncio.sleep(0.02)
         if self.runner is not None:
             await self.runner.cleanup()
-        state.ticker.stop()
-        state.prefill_pool.shutdown(wait=True)
+        # prefills still queued belong to clients that are gone: they never start; the one
+        # running is waited for (a bounded while), then the tick thread ends; the event loop
+        # stays free meanwhile, so a second Ctrl-C still works
+        loop = asyncio.get_running_loop()
+        state.prefill_pool.shutdown(wait=False, cancel_futures=True)
+        try:
+            await asyncio.wait_for(loop.run_in_executor(None, state.prefill_pool.shutdown),
+                                   DRAIN_SECONDS)
+        except asyncio.TimeoutError:
+            log.info("a persona prefill is still running; not waiting for it")
+        await loop.run_in_executor(None, state.ticker.stop)
         self.state = None
 
     async def run_until_signal(self) -> None:
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
+
+        def on_signal() -> None:
+            if stop.is_set():  # a second Ctrl-C while closing: stop waiting for anyone
+                self.say("stopping now")
+                os._exit(130)
+            stop.set()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
         await self.start()
         o = self.options
-        self.say(f"serving {self.state.model_name} on {self.url} (up to {o.max_sessions} "
+        where = " (and on every interface of this machine)" if self.everywhere else ""
+        self.say(f"serving {self.state.model_name} on {self.url}{where} (up to {o.max_sessions} "
                  f"session{'s' if o.max_sessions != 1 else ''}"
                  f"{'; /api/chat needs the --auth-token' if o.auth_token else ''}); "
                  "Ctrl-C to stop")

@@ -96,7 +96,7 @@ class LatencyLog:
 class ChatSession:
     def __init__(self, params: "ChatParams", peer: str, max_backlog: int, send_queue: int,
                  sample_rate: int, frame_size: int, wake: Callable[[], None],
-                 piece: Callable[[int], str]):
+                 piece: Callable[[int], str], max_ahead_s: float | None = None):
         self.id = next(_ids)
         self.params = params
         self.peer = peer
@@ -112,14 +112,30 @@ class ChatSession:
         self.frames_answered = 0
         self.text_pieces = 0
         self.started = time.monotonic()
+        # audio may arrive ahead of the clock by this much (a network's burst after a stall);
+        # a client streaming further ahead would take the other sessions' CPU in Opus decoding
+        self.max_ahead_s = max_ahead_s
+        self.sample_rate = sample_rate
+        self._received = 0  # samples decoded
+        self._first_audio: float | None = None
 
     # -- event loop side --------------------------------------------------------------------------
     def receive_audio(self, pages: bytes) -> int:
         """A client's audio message -> frames into the backlog; returns the frames dropped.
         OpusError for bytes that are not Ogg/Opus."""
+        now = time.monotonic()
+        if self._first_audio is None:
+            self._first_audio = now
         dropped = 0
-        for frame in self.decoder.feed(pages):
+        frames = self.decoder.feed(pages)
+        for frame in frames:
             dropped += self.backlog.push(frame)
+        self._received += sum(f.shape[0] for f in frames)
+        ahead = self._received / self.sample_rate - (now - self._first_audio)
+        if self.max_ahead_s is not None and ahead > self.max_ahead_s:
+            raise protocol.ProtocolError(
+                f"audio arrives faster than real time ({ahead:.0f} s ahead of the clock, "
+                f"{self.max_ahead_s:.0f} s allowed): stream at the audio's pace")
         return dropped
 
     def send(self, message: bytes) -> None:
