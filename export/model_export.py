@@ -159,6 +159,9 @@ def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "f
         raise PersonaPlexError(f"unknown backend {backend}; choose one of {', '.join(BACKENDS)}")
     if verify not in VERIFY:
         raise PersonaPlexError(f"verify {verify!r} is not one of {', '.join(VERIFY)}")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise PersonaPlexError(f"--batch {batch}: the conversations a graph call steps must be "
+                               "a whole number, at least 1")
     # an impossible combination (fp8 or bf16 for onnxruntime, a bad KV dtype) fails now, not
     # after the float32 export it would otherwise follow
     _, warnings = check_plans(precision, backend, kv_dtype, depformer_precision)

@@ -83,6 +83,9 @@ def cmd_export(args) -> int:
 
     # what cannot run is refused before a checkpoint is downloaded or anything written
     check_plans(args.precision, args.backend, args.kv_dtype, args.depformer_precision)
+    if args.batch < 1:
+        raise PersonaPlexError(f"--batch {args.batch}: the conversations a graph call steps "
+                               "must be at least 1")
     builder = None
     if args.backend == "tensorrt" and not args.no_engines:
         from .runtime.backends import trt_build

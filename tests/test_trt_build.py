@@ -264,3 +264,15 @@ def test_bf16_for_onnxruntime_is_refused_before_anything_is_written(tiny_fp32, t
         assert code == 2 and "cannot run on onnxruntime" in err and "--backend tensorrt" in err
         assert "fp16" in err or "float16" in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("batch", ["0", "-1"])
+def test_a_batch_below_one_is_refused_before_anything_is_written(tmp_path, capsys, batch):
+    """(--batch 0 divided by zero inside the export, --batch -1 was a traceback.)"""
+    from personaplex_edge.cli import main
+
+    code = main(["export", "--checkpoint", str(tmp_path / "no-such-checkpoint"), "--out",
+                 str(tmp_path / "out"), "--batch", batch])
+    err = capsys.readouterr().err
+    assert code == 2 and f"--batch {batch}" in err and "at least 1" in err
+    assert "Traceback" not in err and not list(tmp_path.iterdir())
