@@ -105,9 +105,21 @@ def stale_stages(final: str | Path) -> list[Path]:
 
 def remove_stale_stages(final: str | Path,
                         progress: Callable[[str], None] | None = None) -> int:
-    """Removes what `stale_stages` finds, saying so; returns the bytes freed."""
+    """Removes what `stale_stages` finds, saying so; returns the bytes freed. A writer killed
+    between the two renames of a replacement left the earlier directory only inside its
+    `.old` holder, and `final` missing: that one is put back, not removed."""
+    final = Path(final)
     freed = 0
     for p in stale_stages(final):
+        kept = p / final.name
+        if p.name.startswith(f".{final.name}{OLD_MARK}") and kept.is_dir() \
+                and not final.exists():
+            os.replace(kept, final)
+            shutil.rmtree(p, ignore_errors=True)
+            if progress is not None:
+                progress(f"restored {final} from {p}, where a replacement that did not "
+                         "finish had moved it")
+            continue
         size = _tree_bytes(p)
         shutil.rmtree(p, ignore_errors=True)
         freed += size

@@ -203,6 +203,30 @@ def test_staged_dir_is_all_or_nothing(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no partial left behind
 
 
+def test_an_export_killed_between_its_renames_is_restored_not_removed(tmp_path):
+    """A writer killed after moving the earlier directory aside and before putting the new one
+    in place left the only complete copy in `.out.old-PID-*/out`, and no `out`: the next
+    write puts it back (and says so) before anything else, so even a next write that fails
+    leaves it there."""
+    import subprocess
+
+    from personaplex_edge.atomic import OLD_MARK
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a process id that no longer runs
+    holder = tmp_path / f".out{OLD_MARK}{dead.pid}-x1y2"
+    (holder / "out").mkdir(parents=True)
+    (holder / "out" / "a.txt").write_text("first")
+    said = []
+    with pytest.raises(RuntimeError):
+        with staged_dir(tmp_path / "out", progress=said.append) as stage:
+            (stage / "a.txt").write_text("second")
+            raise RuntimeError("this export failed too")
+    assert (tmp_path / "out" / "a.txt").read_text() == "first"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert len(said) == 1 and said[0].startswith(f"restored {tmp_path / 'out'}")
+
+
 def test_export_and_runtime_import_nothing_of_each_other():
     """The arrow between the halves: export/ (torch) and runtime/ (no torch) meet only in
     personaplex_edge/ (the contract); neither imports the other."""
