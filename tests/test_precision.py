@@ -357,3 +357,17 @@ def test_the_command_line_offers_every_precision_the_export_knows():
     assert choices["backend"] == BACKENDS
     for precision in PRECISIONS:
         assert plan_for(precision, "tensorrt").precision == precision
+
+
+def test_a_bf16_model_on_the_cpu_is_one_message_with_what_works(converted, capsys):
+    """bf16 graphs are TensorRT's: onnxruntime's CPU would fail on a MatMul it lacks. Loaded
+    for the CPU (--device cpu, or auto without a GPU), the model is refused with the way out."""
+    from personaplex_edge.cli import main
+    from personaplex_edge.errors import ModelDirError
+    from personaplex_edge.runtime.model import Model
+
+    with pytest.raises(ModelDirError, match="helium_step, depformer_step are bfloat16.*fp16"):
+        Model.load(converted["bf16"], device="cpu")
+    rc = main(["bench", "--model", str(converted["bf16"]), "--frames", "2", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("error:") == 1 and "Traceback" not in err

@@ -119,6 +119,12 @@ def load_graphs(model_dir: str | Path, manifest: Manifest, names: Sequence[str],
     elif device == "cuda":
         raise DeviceUnavailable("--device cuda: this onnxruntime has no CUDA provider (install "
                                 "the gpu extra: pip install 'personaplex-edge[gpu]')")
+    bf16 = [n for n in names if manifest.graphs[n].precision == "bf16"]
+    if bf16:  # onnxruntime's CPU has no bfloat16 MatMul: its own error names an operator
+        raise ModelDirError(
+            f"{', '.join(bf16)} {'is' if len(bf16) == 1 else 'are'} bfloat16, which onnxruntime "
+            "cannot run on the CPU: run this model on a GPU with TensorRT (its engines), or "
+            "export --precision fp16 (or int8, int4) for onnxruntime")
     if manifest.backend == "tensorrt":
         say("running this TensorRT model's ONNX graphs in onnxruntime on the CPU")
     return {n: OrtModelGraph(model_dir, manifest.graphs[n], ["CPUExecutionProvider"], threads)

@@ -30,6 +30,7 @@ from .state import BoundGraph, HostStore, dims_agree, write_ring_rows
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int64": np.int64,
               "int32": np.int32, "bool": np.bool_}
 _ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16",
+              "tensor(bfloat16)": "bfloat16",
               "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(bool)": "bool"}
 
 
