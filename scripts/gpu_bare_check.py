@@ -200,7 +200,8 @@ def stage_arith(precision: str):
             if not torch.cuda.is_available():
                 raise Skip("torch sees no CUDA device")
         return arith_check.compare(model, bundle / "dumps" / precision,
-                                   "cpu" if simulate else "cuda", frames=FRAMES)
+                                   "cpu" if simulate else "cuda", frames=FRAMES,
+                                   precision=precision)
     return run
 
 

@@ -49,6 +49,23 @@ def test_simulated_bare_check_runs_every_stage(bundle, tmp_path):
     assert bf16["hidden_rel_error"] < 1e-2 and fp16["text_agree"] > 0.9
 
 
+def test_an_arithmetic_stage_fails_past_its_bound(bundle, monkeypatch):
+    """Host-side only (the CPU computes): the arith stages have a verdict, not only figures -
+    a precision further from float32 than its bound fails its stage."""
+    import arith_check
+    import gpu_bare_check
+
+    model = gpu_bare_check._model(bundle)
+    reference = arith_check.reference_run(model, 20)
+    fine = arith_check.compare(model, bundle / "dumps" / "fp16", "cpu", reference=reference,
+                               precision="fp16")
+    assert 0 < fine["hidden_rel_error"] <= arith_check.HIDDEN_BOUND["fp16"]
+    monkeypatch.setitem(arith_check.HIDDEN_BOUND, "fp16", fine["hidden_rel_error"] / 10)
+    with pytest.raises(AssertionError, match="fp16: hidden state"):
+        arith_check.compare(model, bundle / "dumps" / "fp16", "cpu", reference=reference,
+                            precision="fp16")
+
+
 def test_a_missing_bundle_is_a_skip_that_says_how_to_make_it(tmp_path):
     import gpu_bare_check
 
