@@ -276,3 +276,17 @@ def test_a_batch_below_one_is_refused_before_anything_is_written(tmp_path, capsy
     err = capsys.readouterr().err
     assert code == 2 and f"--batch {batch}" in err and "at least 1" in err
     assert "Traceback" not in err and not list(tmp_path.iterdir())
+
+
+def test_a_damaged_graph_is_one_build_error(tmp_path):
+    """Reading the graph before the build (its ops, its weight bytes) fails with the fix, not
+    with protobuf's DecodeError."""
+    from personaplex_edge.runtime.backends.trt_build import (EngineBuildError,
+                                                             graph_weight_bytes,
+                                                             uses_contrib_ops)
+
+    bad = tmp_path / "helium_step.onnx"
+    bad.write_bytes(b"\x08\xff\xff not a model" * 8)
+    for read in (uses_contrib_ops, graph_weight_bytes):
+        with pytest.raises(EngineBuildError, match="cannot read helium_step.onnx.*export"):
+            read(bad)

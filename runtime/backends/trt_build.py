@@ -90,10 +90,19 @@ def default_timing_cache(trt_version: str, compute_capability: str) -> Path:
             / f"timing-sm{compute_capability.replace('.', '')}-trt{trt_version}.cache")
 
 
+def _graph_proto(path: Path):
+    """The graph of an ONNX file without its weights; a file onnx cannot read is one message."""
+    onnx = _onnx()
+    try:
+        return onnx.load(str(path), load_external_data=False).graph
+    except Exception as e:  # protobuf's DecodeError, OSError: a damaged or missing file
+        raise EngineBuildError(f"cannot read {path.name} ({type(e).__name__}: {e}); export "
+                               "the model again") from None
+
+
 def uses_contrib_ops(path: Path) -> bool:
     """True for a graph converted for onnxruntime (MatMulNBits and other com.microsoft ops)."""
-    model = _onnx().load(str(path), load_external_data=False)
-    return any(n.domain not in ("", "ai.onnx") for n in model.graph.node)
+    return any(n.domain not in ("", "ai.onnx") for n in _graph_proto(path).node)
 
 
 # ---- the weight bytes an engine should hold -----------------------------------------------------
@@ -113,7 +122,7 @@ def graph_weight_bytes(path: Path) -> WeightBytes:
             T.UINT4: 4}
     quantised = {T.INT8, T.FLOAT8E4M3FN, T.INT4, T.UINT4}
     stored = widened = 0
-    for t in onnx.load(str(path), load_external_data=False).graph.initializer:
+    for t in _graph_proto(path).initializer:
         count = 1
         for d in t.dims:
             count *= int(d)
