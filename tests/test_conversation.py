@@ -102,7 +102,9 @@ def test_prefill_then_steps_are_deterministic_and_restart_repeats(demo_model_dir
         tokens = model.text.encode(f"<system> {PROMPT} <system>")
         # NATF2: 8 stored embeddings and the column of its token cache; silences; the text
         assert frames == 8 + 1 + 6 + len(tokens) + 6
-        return _run(conv, pcm), conv.position
+        out = _run(conv, pcm)
+        assert conv.position == frames + len(pcm) // 1920  # one position per frame, from 0
+        return out, conv.position
 
     first, pos = conversation()
     again, pos_again = conversation()

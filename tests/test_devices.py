@@ -33,7 +33,7 @@ def test_device_cuda_without_a_gpu_backend_is_one_message_and_no_output(demo_mod
                "--output", str(tmp_path / "out.wav"), "--device", "cuda"])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("error:") == 1 and "Traceback" not in err
-    assert "--device cuda" in err and "gpu" in err  # what to install
+    assert "--device cuda" in err and "personaplex-edge[gpu]" in err  # what to install
     assert not (tmp_path / "out.wav").exists()
 
 

@@ -283,7 +283,6 @@ def test_paced_file_with_a_slow_step_drops_frames_like_a_live_device():
     s = loop.stats
     assert played.shape == pcm.shape
     assert s.dropped_frames >= 5 and s.frames <= 15
-    assert s.max_backlog_frames <= loop.max_backlog_frames + 3
 
 
 def test_live_status_warns_once_when_the_machine_is_slower_than_real_time(capsys):

@@ -78,32 +78,27 @@ def test_mic_runs_on_the_audio_server(pulse_env, demo_model_dir):
 
 
 def test_slow_steps_drop_frames_and_stay_bounded(pulse_env):
-    """Every step takes 130 ms (> 80 ms): frames are dropped and counted, the backlog stays
-    bounded, and the run ends cleanly."""
+    """Every step takes 130 ms (> 80 ms): frames are dropped and counted, and the run ends
+    cleanly."""
     code = """
 import time
 from personaplex_edge.runtime.audio_io.devices import run_on_devices
-backlog = []
 def slow(frame):
-    backlog.append(len(loop_ref[0].input) if loop_ref else 0)
     time.sleep(0.13)
     return frame
-loop_ref = []
-class Tick:
-    def __call__(self, loop):
-        if not loop_ref:
-            loop_ref.append(loop)
-loop = run_on_devices(slow, duration=6, on_tick=Tick(), tick_seconds=0.05)
+loop = run_on_devices(slow, duration=6, tick_seconds=0.05)
 s = loop.stats
-print("RESULT", s.frames, s.dropped_frames, s.max_backlog_frames, max(backlog),
-      loop.input.capacity)
+print("RESULT", s.frames, s.dropped_frames)
 """
     done = _run(code, pulse_env)
     assert done.returncode == 0, done.stderr[-2000:]
     line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT"))
-    frames, dropped, max_backlog, max_seen, capacity = map(int, line.split()[1:])
+    frames, dropped = map(int, line.split()[1:])
     assert frames >= 15
     assert dropped >= 10  # about 40% of the frames cannot be processed in time
+    # (the backlog's bound is the input ring's size, a few frames; how recent each processed
+    # frame is - the drop-oldest rule - is checked where the clock is the test's own:
+    # tests/test_duplex.py)
     # (how recent each processed frame is, the drop-oldest rule, is checked where the clock
     # is the test's own: tests/test_duplex.py)
 
