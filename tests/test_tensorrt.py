@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -710,3 +711,28 @@ def test_simulated_gpu_persona_prefill_in_one_engine_call(simulated):
     cpu_on_trt = Model.load(model_dir, device="cpu")
     assert gpu_model.runs_on == ["tensorrt"] and cpu_on_trt.runs_on == ["onnxruntime-cpu"]
     assert PersonaCache.key(gpu_model, persona) != PersonaCache.key(cpu_on_trt, persona)
+
+
+def test_simulated_gpu_ort_cuda_checks_its_graph_and_its_one_captured_conversation(simulated):
+    """Host-side plumbing on the simulated GPU (onnxruntime CPU behind a stand-in CUDA
+    session): OrtCudaModelGraph refuses a graph whose signature disagrees with the manifest,
+    as the other backends do, and with cuda_graph serves one conversation only."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from standin_engine import cuda_sessions
+
+    from personaplex_edge.manifest import TensorSpec
+    from personaplex_edge.runtime.backends.ort_cuda import OrtCudaModelGraph
+
+    model, _ = simulated
+    entry = load_model_dir(model).graphs["depformer_step"]
+    first = entry.inputs[0]
+    wrong = dataclasses.replace(entry, inputs=[TensorSpec(first.name, (first.shape[0], 7),
+                                                          first.dtype), *entry.inputs[1:]])
+    with cuda_sessions():
+        with pytest.raises(ModelDirError, match="re-export|disagrees"):
+            OrtCudaModelGraph(model, wrong)
+        loaded = OrtCudaModelGraph(model, entry, cuda_graph=True)
+        loaded.bind()
+        with pytest.raises(ModelDirError, match="serves one conversation"):
+            loaded.bind()
+        loaded.close()

@@ -68,10 +68,9 @@ class OrtCudaModelGraph:
                  trt_cache: str | Path | None = None):
         import onnxruntime as ort
 
-        self.runs_on = "onnxruntime-tensorrt" if tensorrt else "onnxruntime-cuda"
-
         from .ort import session_options
 
+        self.runs_on = "onnxruntime-tensorrt" if tensorrt else "onnxruntime-cuda"
         if cuda_graph:
             refuse_cuda_graph(ort.__version__, tensorrt)
         self.entry = entry
