@@ -127,31 +127,42 @@ class _RoomDevice:
             self.loop.on_input(echo + (1e-4 * self.rng.standard_normal(b)).astype(np.float32))
 
 
-@needs_speex
-def test_live_loop_cancels_its_own_echo_and_times_the_stage():
-    """The duplex loop on a device that hears itself (80 ms, RT60 0.3 s): what the step
-    receives while it talks is far below what the microphone heard, the delay is found from
-    the callbacks' clocks and the estimator, and the step's metrics get an "aec" stage."""
+def _speak_in_a_room(seconds: float, late_blocks: int = 0, metrics=None):
+    """The duplex loop with the canceller on a device that hears itself (80 ms, RT60 0.3 s),
+    its step saying the bundled speech whatever it hears (timing its frames into `metrics`);
+    -> the loop, after `seconds` of audio."""
     from personaplex_edge.runtime.audio_io.duplex import DuplexLoop
-    from personaplex_edge.runtime.metrics import FrameMetrics
 
-    speech = make_scene(0)["far"][:8 * RATE] * 0.8
-    heard = []
+    speech = make_scene(0)["far"][:int((seconds + 1) * RATE)] * 0.8
+    said = [0]
 
-    metrics = FrameMetrics()
-
-    def step(frame):  # the "model": says its piece whatever it hears, timing its frames
-        metrics.start_frame()
-        i = len(heard) * FRAME
-        heard.append(frame.copy())
-        metrics.end_frame()
+    def step(frame):
+        if metrics is not None:
+            metrics.start_frame()
+        i = said[0] * FRAME
+        said[0] += 1
+        if metrics is not None:
+            metrics.end_frame()
         return speech[i:i + FRAME] if i + FRAME <= speech.size else np.zeros(FRAME, np.float32)
 
     loop = DuplexLoop(step, echo=echo_mod.EchoCanceller(), step_metrics=metrics)
-    device = _RoomDevice(loop, room_response(0.3, 80, 0.0, np.random.default_rng(1)), 7.0)
+    device = _RoomDevice(loop, room_response(0.3, 80, 0.0, np.random.default_rng(1)), seconds,
+                         late_blocks=late_blocks)
     loop.start()
     device.run()
     loop.stop()
+    return loop
+
+
+@needs_speex
+def test_live_loop_cancels_its_own_echo_and_times_the_stage():
+    """What the step receives while it talks is far below what the microphone heard, the
+    delay is found from the callbacks' clocks and the estimator, and the step's metrics get
+    an "aec" stage."""
+    from personaplex_edge.runtime.metrics import FrameMetrics
+
+    metrics = FrameMetrics()
+    loop = _speak_in_a_room(7.0, metrics=metrics)
     st = loop.stats.echo
     assert st.active_frames > 40
     assert st.removed_db >= 15.0, st.line()
@@ -167,23 +178,7 @@ def test_a_microphone_that_starts_after_the_speaker_is_still_cancelled():
     USB), longer than the echo's 80 ms: the microphone's first sample heard what was played
     well into the reference, which the loop must count the microphone from (it removed
     0.5 dB when the delay was clamped at zero instead)."""
-    from personaplex_edge.runtime.audio_io.duplex import DuplexLoop
-
-    speech = make_scene(0)["far"][:7 * RATE] * 0.8
-    frames = [0]
-
-    def step(frame):
-        i = frames[0] * FRAME
-        frames[0] += 1
-        return speech[i:i + FRAME] if i + FRAME <= speech.size else np.zeros(FRAME, np.float32)
-
-    loop = DuplexLoop(step, echo=echo_mod.EchoCanceller())
-    device = _RoomDevice(loop, room_response(0.3, 80, 0.0, np.random.default_rng(1)), 6.0,
-                         late_blocks=30)
-    loop.start()
-    device.run()
-    loop.stop()
-    st = loop.stats.echo
+    st = _speak_in_a_room(6.0, late_blocks=30).stats.echo
     assert st.active_frames > 30
     assert st.removed_db >= 15.0, st.line()
     assert st.delay_ms is not None and 40 <= st.delay_ms <= 80 + 1000 * 3 * FRAME / RATE
