@@ -108,50 +108,57 @@ def run_on_devices(step: FrameStep, input_device=None, output_device=None,
                       output_rate=out_rate, max_backlog_frames=max_backlog_frames, echo=echo,
                       step_metrics=step_metrics)
     try:  # the canceller's native state goes with the run, however it ends
-        flags = {"overflow": 0}
-
-        # Two streams rather than one duplex stream: a microphone and a speaker are often separate
-        # devices with separate clocks, and the rings between them absorb the difference.
-        def on_input(indata, frames, time_info, status):
-            if status.input_overflow:
-                flags["overflow"] += 1
-            loop.on_input(indata[:, 0])
-
-        def on_output(outdata, frames, time_info, status):
-            loop.on_output(outdata[:, 0])
-
-        try:
-            streams = [
-                sd.InputStream(device=inp, samplerate=in_rate, channels=1, dtype="float32",
-                               blocksize=int(round(in_rate * FRAME_SECONDS)), callback=on_input),
-                sd.OutputStream(device=out, samplerate=out_rate, channels=1, dtype="float32",
-                                blocksize=int(round(out_rate * FRAME_SECONDS)), callback=on_output),
-            ]
-        except Exception as e:  # PortAudioError, ValueError for bad settings
-            raise AudioDeviceError(f"cannot open the sound device(s): {e}") from None
-        loop.alive = lambda: all(s.active for s in streams)
-        loop.device_latency = (float(streams[0].latency), float(streams[1].latency))
-        t_end = None if duration is None else time.monotonic() + duration
-        interrupted = False
-        try:
-            with streams[0], streams[1]:
-                # the worker (and its stall clock) starts once both streams run: opening a
-                # device can take seconds, which must not count as a device that stalled
-                loop.start()
-                while loop.running and (t_end is None or time.monotonic() < t_end):
-                    time.sleep(min(tick_seconds, max(0.0, (t_end or 1e18) - time.monotonic())))
-                    if on_tick is not None:
-                        on_tick(loop)
-        except KeyboardInterrupt:
-            interrupted = True
-        except Exception as e:
-            loop.stop()
-            raise AudioDeviceError(f"the sound device failed: {e}") from None
-        loop.stop()  # re-raises a worker error (device lost, model failure)
-        loop.stats.input_overflows = flags["overflow"]
-        loop.stats.interrupted = interrupted
-        return loop
+        return _run_streams(loop, sd, inp, out, in_rate, out_rate, duration, on_tick,
+                            tick_seconds)
     finally:
         if echo is not None:
             echo.close()
+
+
+def _run_streams(loop: DuplexLoop, sd, inp, out, in_rate: int, out_rate: int,
+                 duration: float | None, on_tick, tick_seconds: float) -> DuplexLoop:
+    """The two streams around `loop` until `duration` passes or Ctrl-C (run_on_devices)."""
+    flags = {"overflow": 0}
+
+    # Two streams rather than one duplex stream: a microphone and a speaker are often separate
+    # devices with separate clocks, and the rings between them absorb the difference.
+    def on_input(indata, frames, time_info, status):
+        if status.input_overflow:
+            flags["overflow"] += 1
+        loop.on_input(indata[:, 0])
+
+    def on_output(outdata, frames, time_info, status):
+        loop.on_output(outdata[:, 0])
+
+    try:
+        streams = [
+            sd.InputStream(device=inp, samplerate=in_rate, channels=1, dtype="float32",
+                           blocksize=int(round(in_rate * FRAME_SECONDS)), callback=on_input),
+            sd.OutputStream(device=out, samplerate=out_rate, channels=1, dtype="float32",
+                            blocksize=int(round(out_rate * FRAME_SECONDS)), callback=on_output),
+        ]
+    except Exception as e:  # PortAudioError, ValueError for bad settings
+        raise AudioDeviceError(f"cannot open the sound device(s): {e}") from None
+    loop.alive = lambda: all(s.active for s in streams)
+    loop.device_latency = (float(streams[0].latency), float(streams[1].latency))
+    t_end = None if duration is None else time.monotonic() + duration
+    interrupted = False
+    try:
+        with streams[0], streams[1]:
+            # the worker (and its stall clock) starts once both streams run: opening a
+            # device can take seconds, which must not count as a device that stalled
+            loop.start()
+            while loop.running and (t_end is None or time.monotonic() < t_end):
+                time.sleep(min(tick_seconds, max(0.0, (t_end or 1e18) - time.monotonic())))
+                if on_tick is not None:
+                    on_tick(loop)
+    except KeyboardInterrupt:
+        interrupted = True
+    except Exception as e:
+        loop.stop()
+        raise AudioDeviceError(f"the sound device failed: {e}") from None
+    loop.stop()  # re-raises a worker error (device lost, model failure)
+    loop.stats.input_overflows = flags["overflow"]
+    loop.stats.interrupted = interrupted
+    return loop
 

@@ -81,14 +81,17 @@ async def _converse(state: ServerState, ws: web.WebSocketResponse, request: web.
     try:
         params = parse_params(request.query, state.sampling, state.persona, state.voices,
                               state.top_k_max)
-    except Exception as e:  # ParamError names the parameter; anything else is the server's
-        if not isinstance(e, ParamError):
-            log.exception("%s: internal error reading the query", peer)
+    except ParamError as e:  # names the parameter
+        reason, code = str(e), WSCloseCode.POLICY_VIOLATION
+    except Exception as e:  # the server's fault (reading --voice-dir, say): said and logged
+        log.exception("%s: internal error reading the query", peer)
+        reason, code = f"internal error: {e}", WSCloseCode.INTERNAL_ERROR
+    else:
+        reason = None
+    if reason is not None:
         state.stats.ended.labels(cause="error").inc()
-        log.info("%s: refused: %s", peer, e)
-        await _close(ws, request, str(e) if isinstance(e, ParamError) else
-                     f"internal error: {e}", WSCloseCode.POLICY_VIOLATION
-                     if isinstance(e, ParamError) else WSCloseCode.INTERNAL_ERROR)
+        log.info("%s: refused: %s", peer, reason)
+        await _close(ws, request, reason, code)
         return
     model = state.model
     session = ChatSession(params, peer, state.max_backlog, state.send_queue, model.sample_rate,
