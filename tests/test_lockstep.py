@@ -43,24 +43,30 @@ SETTINGS = [(SamplingParams(greedy=True), Persona(text_prompt="You are a helpful
             (SamplingParams(seed=4), Persona(enabled=False))]
 
 
-def test_rows_joining_and_leaving_equal_each_conversation_alone(batch_model_dir):
+def test_rows_joining_and_leaving_equal_each_conversation_alone(batch_model_dir,
+                                                                demo_model_dir):
     """Three conversations in one batch of 3: the second joins 6 ticks in, the third 21 ticks
     in (so the rows run at different positions), the second brings no frame to every fifth
     tick (its row is held), the first leaves after 40 frames, and a fourth takes its row.
-    Each conversation's answer (greedy and sampled) equals that conversation run alone on the same model."""
+    Each conversation's answer (greedy and sampled) equals that conversation run alone on the
+    same model, and on the batch-1 export of the same weights."""
     model = Model.load(batch_model_dir, device="cpu")
     assert model.batch == BATCH
     n = 40
     pcm = [_noise(n, 10 + k) for k in range(4)]
     settings = SETTINGS + [(SamplingParams(seed=9), Persona(text_prompt="Hello."))]
 
-    def alone(k):
-        with model.open_conversation(*settings[k]) as conv:
+    def alone(k, on=model):
+        with on.open_conversation(*settings[k]) as conv:
             conv.prefill()
             return np.concatenate([conv.step(pcm[k][i * FRAME:(i + 1) * FRAME])[0].copy()
                                    for i in range(n)])
 
     want = [alone(k) for k in range(4)]
+    single = Model.load(demo_model_dir, device="cpu")  # the same checkpoint, --batch 1
+    assert single.batch == 1
+    for k in range(4):
+        np.testing.assert_array_equal(alone(k, single), want[k], err_msg=f"batch 1, conv {k}")
     starts = {0: 0, 1: 6, 2: 21, 3: 44}
     convs: dict[int, object] = {}
     got: dict[int, list] = {k: [] for k in range(4)}
