@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -301,3 +302,68 @@ def test_live_status_warns_once_when_the_machine_is_slower_than_real_time(capsys
         err = capsys.readouterr().err
         assert err.count("slower than real time") == expect, err
         assert "frames " in err  # the status line itself
+
+
+class _SlowOpeningDevices:
+    """A stand-in for the sounddevice module: streams that take `open_s` to start (a
+    Bluetooth or USB device waking up), then call back every 20 ms from their own threads."""
+
+    def __init__(self, open_s: float):
+        self.open_s = open_s
+
+    def check_input_settings(self, *a, **k):
+        pass
+
+    check_output_settings = check_input_settings
+
+    def _stream(self, samplerate, blocksize, callback, output: bool, **kw):
+        devices = self
+
+        class Stream:
+            latency = 0.02
+            active = False
+
+            def __enter__(self):
+                time.sleep(devices.open_s)
+                self.active = True
+                self._thread = threading.Thread(target=self._run, daemon=True)
+                self._thread.start()
+                return self
+
+            def _run(self):
+                block = np.zeros((samplerate // 50, 1), np.float32)
+                status = types.SimpleNamespace(input_overflow=False)
+                while self.active:
+                    callback(block, block.shape[0], None, status)
+                    time.sleep(0.02)
+
+            def __exit__(self, *exc):
+                self.active = False
+                self._thread.join()
+
+        return Stream()
+
+    def InputStream(self, **kw):
+        return self._stream(output=False, **kw)
+
+    def OutputStream(self, **kw):
+        return self._stream(output=True, **kw)
+
+
+def test_the_stall_clock_starts_once_the_devices_run(monkeypatch):
+    """Opening the devices takes longer than the loop allows a device to stay silent at the
+    start: that wait is not a stall, because the loop's clock starts once both streams run."""
+    from personaplex_edge.runtime.audio_io import devices
+    from personaplex_edge.runtime.audio_io.duplex import DuplexLoop
+
+    monkeypatch.setattr(devices, "_sd", lambda: _SlowOpeningDevices(open_s=0.6))
+    original = DuplexLoop.__init__
+
+    def impatient(self, *a, **k):
+        original(self, *a, **k)
+        self.startup_seconds = 0.5  # shorter than opening the two streams takes (1.2 s)
+
+    monkeypatch.setattr(DuplexLoop, "__init__", impatient)
+    loop = devices.run_on_devices(lambda frame: frame, duration=1.0, tick_seconds=0.05)
+    # (what the input delivered while the output opened is old by then: dropped, as always)
+    assert loop.stats.frames > 0 and loop.stats.frames + loop.stats.dropped_frames >= 8
