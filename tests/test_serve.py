@@ -115,6 +115,30 @@ def test_personaplex_query_parameters_are_honoured(sampling_server, demo_model_d
     assert plain.text != r.text
 
 
+def test_a_voice_from_the_voice_dir(model, demo_model_dir, pages, tmp_path, reference):
+    """A client names a recording of --voice-dir (by file name or stem): its conversation is
+    `run --voice-prompt` on that file; /api/voices lists it beside the bank."""
+    import soundfile as sf
+
+    voices = tmp_path / "voices"
+    voices.mkdir()
+    sf.write(voices / "mine.wav", speech(3.0), 24000)
+    n = len(opus_round_trip(pages)) // FRAME
+    with ServerThread(ServeOptions(demo_model_dir, port=0, voice_dir=voices, **EXACT),
+                      model=model) as srv:
+        r = chat(srv, pages, query="?voice_prompt=mine", pace=None, until_frames=n, tail_s=10)
+
+        async def listed():
+            async with aiohttp.ClientSession() as http:
+                return await (await http.get(srv.url + "api/voices")).json()
+        names = asyncio.run(listed())
+    assert "mine.wav" in str(names) and "NATF2" in str(names)
+    assert not r.errors and r.answer_samples == n * FRAME
+    expected = reference_text(demo_model_dir, opus_round_trip(pages), tmp_path / "ref",
+                              "--greedy", "--voice-prompt", str(voices / "mine.wav"))
+    assert r.text == expected and r.text != reference  # not the default voice's answer
+
+
 # -- bad input stays in its session -------------------------------------------------------------
 BAD = [
     (b"\x01" + b"garbage!" * 20, "not an Ogg/Opus stream"),
@@ -354,6 +378,8 @@ def test_one_session_more_than_max_sessions_is_refused_busy(model, demo_model_di
         assert freed_s < 1.0  # the client that left freed its slot at once
         assert after.kinds[:1] == [0] and not after.errors
         assert wait_until(lambda: asyncio.run(health(srv.url))[0] == 200)
+        text = srv.state.stats.text().decode()
+        assert 'personaplex_sessions_refused_total{reason="busy"} 1.0' in text
 
 
 # -- token, TLS ----------------------------------------------------------------------------------
@@ -477,7 +503,7 @@ def test_a_batch_model_steps_its_sessions_in_lockstep(tmp_path_factory, pages):
         text = srv.state.stats.text().decode()
     for r in results:
         assert not r.errors and r.answer_samples == n * FRAME
-        assert r.text == expected
+        assert r.text == expected and r.text != reference  # not the default voice's answer
     ticks = float(re.search(r"personaplex_tick_sessions_count (\S+)", text).group(1))
     single = float(re.search(r'personaplex_tick_sessions_bucket\{le="1.0"\} (\S+)',
                              text).group(1))
