@@ -52,8 +52,10 @@ class Persona:
 
 
 def is_voice_file(voice: str | None) -> bool:
+    """A recording (an audio file name, or a path to a file) rather than a bank name: a bare
+    name is the bank's even where a file of that name sits in the working directory."""
     return voice is not None and (Path(voice).suffix.lower() in AUDIO_SUFFIXES
-                                  or Path(voice).is_file())
+                                  or (Path(voice).name != voice and Path(voice).is_file()))
 
 
 def bank_voice(model: "Model", voice: str | None) -> str | None:

@@ -336,9 +336,10 @@ def test_run_errors_are_one_message_and_leave_no_output(case, tiny_full_model, t
     assert not (tmp_path / "out.wav").exists() and not (tmp_path / "out.json").exists()
 
 
-def test_voice_from_the_bank_and_from_a_recording(demo_model_dir, tmp_path):
+def test_voice_from_the_bank_and_from_a_recording(demo_model_dir, tmp_path, monkeypatch):
     """A bank voice replays its stored embeddings; a recording is loudness-normalised and
-    Mimi-encoded into forced agent frames. Each changes the conversation."""
+    Mimi-encoded into forced agent frames. Each changes the conversation. A bank name stays
+    the bank's even beside a file of that name in the working directory."""
     pcm = _speech(12, seed=4)
     src = tmp_path / "voice.wav"
     sf.write(src, 0.05 * _speech(30, seed=5), 24000)  # quiet: normalisation must lift it
@@ -355,6 +356,12 @@ def test_voice_from_the_bank_and_from_a_recording(demo_model_dir, tmp_path):
     assert outputs[str(src)][1] > outputs["NATF2"][1]  # 30 recorded frames vs 8 stored ones
     assert not np.array_equal(outputs["NATF2"][0], outputs["NATM1"][0])
     assert not np.array_equal(outputs["NATF2"][0], outputs[str(src)][0])
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "NATM1").write_bytes(src.read_bytes())
+    with model.open_conversation(SamplingParams(greedy=True),
+                                 Persona(text_prompt="hi", voice="NATM1")) as conv:
+        conv.prefill()
+        np.testing.assert_array_equal(_run(conv, pcm), outputs["NATM1"][0])
 
 
 def test_batched_prefill_continues_like_the_frame_by_frame_one(demo_model_dir):
