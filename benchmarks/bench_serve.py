@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import os
 import sys
 import threading
 import time
@@ -372,7 +373,7 @@ def main() -> None:
                  else resolve_model(args.model, log))
     counts = [args.clients]
     if args.sweep:
-        counts = [1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64]
+        counts = [1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 18, 20, 24, 32, 48, 64]
         counts = [c for c in counts if c <= args.max_clients]
     runs = []
     options = ServeOptions(model_dir, model_name=args.model, port=0,
@@ -399,6 +400,7 @@ def main() -> None:
                 break
     held = [r["clients"] for r in runs if r["keeps_up"]]
     report = {"model": args.model, "model_dir": str(model_dir), "runs": runs,
+              "cores": len(os.sched_getaffinity(0)), "threads": args.threads,
               "largest_that_keeps_up": max(held) if held else 0}
     log(f"largest number of sessions that keeps up: {report['largest_that_keeps_up']}")
     print(json.dumps(report, indent=2))
