@@ -248,7 +248,9 @@ def step_many(frames: Mapping["Conversation", np.ndarray]
     for group, rows, owners in groups.values():
         with group.lock:
             results = group.tick(rows)
-            tick_ms = group.metrics.last()  # read under the lock: the next tick replaces it
+            # a copy, under the lock: last() is a view that another thread's next tick of this
+            # group overwrites as soon as the lock is free
+            tick_ms = group.metrics.last().copy()
         # the rows' owners as they were asked for: a row freed and taken again by another
         # thread since the tick must not credit the newcomer
         for b, result in results.items():
