@@ -94,10 +94,7 @@ class Conversation:
         group, row = self.group, self.row
         if snap is None:
             plan = build_persona(model, self.persona)
-            done = 0
-            while done < len(plan) - 1:  # the lock per call: the group's other rows tick between
-                with group.lock:
-                    done = group.prefill_call(row, plan, done)
+            group.prefill_forced(row, plan, lock=group.lock)  # the other rows tick between calls
             with group.lock:
                 rings = group.helium.ring_prefix([row], len(plan) - 1)
             snap = Snapshot(len(plan) - 1, rings, plan.columns[-1], plan.embeddings[-1],

@@ -22,8 +22,9 @@ Per tick (rows stepped: A):
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, ContextManager, Mapping
 
 import numpy as np
 
@@ -130,13 +131,16 @@ class Lockstep:
         a backend that binds one): the persona prefill then reads the weights once."""
         return self._h[TOKENS].ndim == 3 and isinstance(self.helium, FramedGraph)
 
-    def prefill_forced(self, row: int, plan: Prefill, frame_by_frame: bool = False) -> None:
+    def prefill_forced(self, row: int, plan: Prefill, frame_by_frame: bool = False,
+                       lock: ContextManager = contextlib.nullcontext()) -> None:
         """Runs the persona's teacher-forced columns 0..len-2 of `plan` through Helium for
         `row` (positions 0.., the KV rows land in its ring); nothing is sampled. As few calls
-        as `prefill_call` makes; the caller holds the group's lock throughout."""
+        as `prefill_call` makes, each inside `lock` (a conversation passes the group's lock,
+        so the group's other rows tick between calls; without it the caller holds it)."""
         done = 0
         while done < len(plan) - 1:
-            done = self.prefill_call(row, plan, done, frame_by_frame)
+            with lock:
+                done = self.prefill_call(row, plan, done, frame_by_frame)
 
     def prefill_call(self, row: int, plan: Prefill, done: int,
                      frame_by_frame: bool = False) -> int:
