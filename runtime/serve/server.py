@@ -29,6 +29,7 @@ from personaplex_edge.runtime.sampling import SamplingParams
 from .app import build_app
 from .opus import check_sphn
 from .params import MAX_TEXT_PROMPT_CHARS, Voices
+from .session import MAX_AHEAD_S
 from .state import ServerState
 from .stats import ServerStats
 from .ticker import Ticker
@@ -53,9 +54,9 @@ class ServeOptions:
     persona: Persona = field(default_factory=Persona)
     max_backlog: int = 2  # input frames a session may have waiting before the oldest drop
     send_queue: int = 64  # messages waiting for a client (~2.5 s of answers) before it is cut
-    # seconds of audio a client may send ahead of the clock before its session ends (None: no
-    # limit; benchmarks and tests that push audio as fast as they can)
-    max_ahead_s: float | None = 10.0
+    # audio a client may send ahead of the clock (None: no limit; benchmarks and tests that
+    # push audio as fast as they can)
+    max_ahead_s: float | None = MAX_AHEAD_S
     device: str = "auto"
     threads: int | None = None
     persona_cache: object = None  # a runtime.persona.PersonaCache (None: the model's default)

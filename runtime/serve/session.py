@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from .params import ChatParams
 
 _ids = itertools.count(1)
+# seconds of audio a client may send ahead of the clock (a network's burst after a stall) before
+# its session ends: further ahead it would take the other sessions' CPU in Opus decoding
+MAX_AHEAD_S = 10.0
 
 
 class FrameBacklog:
@@ -112,9 +115,7 @@ class ChatSession:
         self.frames_answered = 0
         self.text_pieces = 0
         self.started = time.monotonic()
-        # audio may arrive ahead of the clock by this much (a network's burst after a stall);
-        # a client streaming further ahead would take the other sessions' CPU in Opus decoding
-        self.max_ahead_s = max_ahead_s
+        self.max_ahead_s = max_ahead_s  # MAX_AHEAD_S in a server; None: no limit
         self.sample_rate = sample_rate
         self._received = 0  # samples decoded
         self._first_audio: float | None = None

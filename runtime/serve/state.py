@@ -35,8 +35,8 @@ class ServerState:
     max_sessions: int
     max_backlog: int
     send_queue: int
+    max_ahead_s: float | None  # how far a client's audio may run ahead of the clock
     auth_token: str | None = None
-    max_ahead_s: float | None = 10.0  # how far a client's audio may run ahead of the clock
     default_voice: str | None = None  # the name /api/voices shows as preselected
     slots_used: int = 0  # connections holding a slot: in prefill or in conversation
     stopping: bool = False
