@@ -375,38 +375,32 @@ def main() -> None:
     if args.sweep:
         counts = [1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 18, 20, 24, 32, 48, 64]
         counts = [c for c in counts if c <= args.max_clients]
-    runs = []
     options = ServeOptions(model_dir, model_name=args.model, port=0,
                            max_sessions=max(counts), threads=args.threads)
-    if args.startup:
-        with ServerThread(options) as srv:
-            startup = run_startup(srv, args.startup)
-        for way, figures in startup.items():
-            log(f"{way}: connect -> handshake p50 {np.median(figures['handshake_ms']):.1f} ms "
-                f"(max {max(figures['handshake_ms']):.1f}), -> first answer frame p50 "
-                f"{np.median(figures['first_answer_ms']):.1f} ms")
-        report = {"model": args.model, "model_dir": str(model_dir), "startup": startup}
-        print(json.dumps(report, indent=2))
-        if args.json:
-            Path(args.json).write_text(json.dumps(report, indent=2))
-        return
+    report = {"model": args.model, "model_dir": str(model_dir),
+              "cores": len(os.sched_getaffinity(0)), "threads": args.threads}
     with ServerThread(options) as srv:
         log(f"serving {model_dir} at {srv.url} (batch {srv.server.model.batch})")
-        for n in counts:
-            r = run_load(srv, n, args.seconds)
-            print_run(r)
-            runs.append(r)
-            if args.sweep and not r["keeps_up"]:
-                break
-    held = [r["clients"] for r in runs if r["keeps_up"]]
-    report = {"model": args.model, "model_dir": str(model_dir), "runs": runs,
-              "cores": len(os.sched_getaffinity(0)), "threads": args.threads,
-              "largest_that_keeps_up": max(held) if held else 0}
-    log(f"largest number of sessions that keeps up: {report['largest_that_keeps_up']}")
+        if args.startup:
+            report["startup"] = run_startup(srv, args.startup)
+            for way, figures in report["startup"].items():
+                log(f"{way}: connect -> handshake p50 {np.median(figures['handshake_ms']):.1f}"
+                    f" ms (max {max(figures['handshake_ms']):.1f}), -> first answer frame p50 "
+                    f"{np.median(figures['first_answer_ms']):.1f} ms")
+        else:
+            runs = report["runs"] = []
+            for n in counts:
+                r = run_load(srv, n, args.seconds)
+                print_run(r)
+                runs.append(r)
+                if args.sweep and not r["keeps_up"]:
+                    break
+            held = [r["clients"] for r in runs if r["keeps_up"]]
+            report["largest_that_keeps_up"] = max(held) if held else 0
+            log(f"largest number of sessions that keeps up: {max(held) if held else 0}")
     print(json.dumps(report, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
-
 
 if __name__ == "__main__":
     main()
