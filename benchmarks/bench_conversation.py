@@ -96,7 +96,7 @@ def main() -> None:
     from moshi_pipeline import ReferencePipeline
     from moshi_reference import reference_mimi
 
-    from personaplex_edge.runtime.model import Model
+    from personaplex_edge.runtime.api import Model
     from personaplex_edge.runtime.persona import Persona
     from personaplex_edge.runtime.sampling import SamplingParams
 

@@ -35,8 +35,8 @@ def main() -> None:
     args = ap.parse_args()
     from models import exported
 
-    from personaplex_edge.runtime.lockstep import step_many
-    from personaplex_edge.runtime.model import Model
+    from personaplex_edge.runtime.conversation import step_many
+    from personaplex_edge.runtime.api import Model
     from personaplex_edge.runtime.persona import Persona
     from personaplex_edge.runtime.sampling import SamplingParams
 

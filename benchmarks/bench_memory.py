@@ -35,7 +35,7 @@ def state_bytes(manifest) -> int:
 def measure(model_dir: Path) -> dict:
     from models import rss_mb
 
-    from personaplex_edge.runtime.model import Model
+    from personaplex_edge.runtime.api import Model
     from personaplex_edge.runtime.persona import Persona
     from personaplex_edge.runtime.sampling import SamplingParams
 

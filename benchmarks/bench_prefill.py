@@ -55,14 +55,14 @@ def main() -> None:
     args = ap.parse_args()
     from models import exported
 
-    from personaplex_edge.runtime.model import Model
+    from personaplex_edge.runtime.api import Model
     from personaplex_edge.runtime.persona import Persona, build_persona
     from personaplex_edge.runtime.sampling import SamplingParams
 
     model = Model.load(exported(args.model, Path(args.work)), device="cpu", threads=args.threads)
     persona = Persona()  # the default text prompt and voice (NATF2)
     conv = model.open_conversation(SamplingParams(greedy=True), persona)
-    plan = build_persona(model, persona)
+    plan = build_persona(model.loaded, persona)
     forced = len(plan) - 1
     times = {"one call": [], "frame by frame": [], "from the cache": []}
     pcm = (np.random.default_rng(1).standard_normal(101 * 1920) * 0.1).astype(np.float32)

@@ -366,7 +366,7 @@ def main() -> None:
                         "handshake and -> first answer frame")
     args = p.parse_args()
 
-    from personaplex_edge.cli import resolve_model
+    from personaplex_edge.model_ref import resolve_model
     from personaplex_edge.runtime.serve.server import ServeOptions
 
     model_dir = (mid_model_dir(args.precision) if args.model == "mid"

@@ -33,9 +33,9 @@ def main() -> None:
     args = ap.parse_args()
     from models import exported
 
-    from personaplex_edge.manifest import load_model_dir
-    from personaplex_edge.runtime.model import Model
-    from personaplex_edge.runtime.persona import Persona, PersonaCache
+    from personaplex_edge.runtime.api import Model
+    from personaplex_edge.runtime.persona import Persona
+    from personaplex_edge.runtime.persona_cache import PersonaCache
     from personaplex_edge.runtime.sampling import SamplingParams
 
     frame = (np.random.default_rng(0).standard_normal(1920) * 0.1).astype(np.float32)
@@ -45,9 +45,8 @@ def main() -> None:
         results: dict[str, list[float]] = {"cold": [], "warm": [], "disk": []}
         for r in range(args.repeats + 1):  # the first round warms onnxruntime up
             with tempfile.TemporaryDirectory() as cache_dir:
-                manifest = load_model_dir(model_dir)
-                model = Model(model_dir, manifest, "cpu", args.threads,
-                              persona_cache=PersonaCache(directory=cache_dir))
+                model = Model.load(model_dir, "cpu", args.threads,
+                                   persona_cache=PersonaCache(directory=cache_dir))
                 for way in ("cold", "warm", "disk"):
                     if way == "disk":
                         model.persona_cache = PersonaCache(directory=cache_dir)

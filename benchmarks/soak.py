@@ -29,7 +29,7 @@ _MODELS: dict = {}
 
 def _session(model_dir: Path, persona: bool):
     """A conversation on the model of `model_dir` (loaded once per process), prefilled."""
-    from personaplex_edge.runtime.model import Model
+    from personaplex_edge.runtime.api import Model
     from personaplex_edge.runtime.persona import Persona
     from personaplex_edge.runtime.sampling import SamplingParams
 

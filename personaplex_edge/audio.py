@@ -76,13 +76,21 @@ def read_audio(path: str | Path, rate: int = MODEL_RATE) -> np.ndarray:
     return resample(mono, int(file_rate), rate)
 
 
+def to_pcm16(pcm: np.ndarray) -> np.ndarray:
+    """float32 [-1, 1] -> int16 [T], as libsndfile converts floats for a PCM16 file (x 32768,
+    rounded down, clipped); every front end that sends PCM16 (`stdio`, OpenAI Realtime) and
+    every wav written here use this one conversion, so their samples agree to the bit."""
+    scaled = np.floor(np.asarray(pcm, np.float32) * np.float32(32768.0))
+    return np.clip(scaled, -32768, 32767).astype(np.int16)
+
+
 def write_audio(path: str | Path, pcm: np.ndarray, rate: int = MODEL_RATE) -> None:
     """Writes float32 mono pcm [T] as 16-bit PCM wav, atomically: a reader never sees half a
     file, and an error leaves no file behind."""
     import soundfile as sf
 
     with atomic_file(path, suffix=".wav") as tmp:
-        sf.write(str(tmp), np.clip(pcm, -1.0, 1.0), rate, subtype="PCM_16", format="WAV")
+        sf.write(str(tmp), to_pcm16(pcm), rate, subtype="PCM_16", format="WAV")
 
 
 def save_array_atomic(path: str | Path, array: np.ndarray) -> None:

@@ -10,16 +10,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from . import __version__
-from .config import PRESETS
 from .contract import BACKENDS, PRECISIONS
-from .errors import ModelDirError, PersonaPlexError
+from .errors import PersonaPlexError
+from .model_ref import need_export_extra, resolve_model
 
-BUILTIN_DIR = Path("models")  # where built-in models are exported on first use (cwd-relative)
 PRECISION_CHOICES = PRECISIONS  # from the contract: building the parser needs no export extra
 
 
@@ -28,55 +26,8 @@ def _note(message: str) -> None:
     print(message, file=sys.stderr)
 
 
-def _need_export_extra():
-    try:
-        import torch  # noqa: F401
-        import onnx  # noqa: F401
-    except ImportError as e:
-        raise PersonaPlexError(
-            f"exporting needs the export extra ({e.name} is missing): pip install "
-            "'personaplex-edge[export,cpu]' (install the torch build you want first)") from None
-    try:
-        import onnxruntime  # noqa: F401  (each graph is checked in it against torch)
-    except ImportError:
-        raise PersonaPlexError(
-            "exporting checks each graph in onnxruntime, which is not installed: pip install "
-            "'personaplex-edge[cpu]' (or [gpu] on a CUDA machine; never both)") from None
-    from . import export
-
-    return export
-
-
-def resolve_model(spec: str, progress=print) -> Path:
-    """A model directory, or the name of a built-in model (random weights, exported on first use
-    into models/NAME and reused after)."""
-    path = Path(spec).expanduser()
-    builtin = [name for name in PRESETS if name != "personaplex-7b-v1"]
-    if path.is_dir():
-        return path
-    if spec not in builtin:
-        raise ModelDirError(f"model directory {spec} does not exist; export one with "
-                            "'personaplex-edge export --checkpoint ... --out DIR', or use a "
-                            f"built-in model: {', '.join(builtin)}")
-    target = BUILTIN_DIR / spec
-    if (target / "manifest.json").is_file():
-        return target
-    _need_export_extra()
-    from .config import preset
-    from .export.hub import resolve_checkpoint
-    from .export.model_export import export_model
-    from .export.synthetic import write_synthetic_checkpoint
-
-    progress(f"first use of the built-in '{spec}' model (random weights; it babbles): "
-             f"exporting it to {target}")
-    with tempfile.TemporaryDirectory() as tmp:
-        write_synthetic_checkpoint(preset(spec), tmp)
-        export_model(resolve_checkpoint(tmp), target, progress=progress)
-    return target
-
-
 def cmd_export(args) -> int:
-    _need_export_extra()
+    need_export_extra()
     from .export.hub import resolve_checkpoint
     from .export.model_export import export_model
     from .export.precision_plan import check_plans
@@ -154,7 +105,7 @@ def _sampling(args):
 
 
 def _persona_cache(args, progress=print):
-    from .runtime.persona import PersonaCache
+    from .runtime.persona_cache import PersonaCache
 
     if args.persona_cache_mb < 0:
         raise PersonaPlexError("--persona-cache-mb must be 0 or more")
@@ -162,36 +113,26 @@ def _persona_cache(args, progress=print):
 
 
 def _load_model(args, progress=print):
-    from .runtime.model import Model
+    """The model of `args.model` through the public API (runtime/api.py), as an app loads it."""
+    from .runtime.api import load
 
-    return Model.load(resolve_model(args.model, progress), device=args.device,
-                      threads=args.threads, progress=progress,
-                      persona_cache=_persona_cache(args, progress))
+    return load(args.model, device=args.device, threads=args.threads, progress=progress,
+                persona_cache_mb=args.persona_cache_mb,
+                persona_cache_dir=args.persona_cache_dir)
 
 
 def _conversation(args, progress=print):
-    """The model of `args.model`, loaded, and one conversation on it, its persona prefilled."""
-    from .runtime.persona import Persona
-
+    """The model of `args.model`, loaded, and one conversation on it, its persona run."""
     model = _load_model(args, progress)
-    model.text  # the prompts and the transcript need it: a model without one stops here
-    persona = Persona(text_prompt=args.text_prompt, voice=args.voice_prompt,
-                      enabled=not args.no_persona)
-    conv = model.open_conversation(_sampling(args), persona)
-    frames = conv.prefill()
-    if frames:
-        progress(f"persona: {frames} prompt frames in {conv.prefill_seconds:.2f} s"
+    conv = model.conversation(
+        text_prompt=args.text_prompt, voice=args.voice_prompt, persona=not args.no_persona,
+        greedy=args.greedy, seed=args.seed, temp=args.temp, temp_text=args.temp_text,
+        top_k=args.top_k, top_k_text=args.top_k_text)
+    if conv.prompt_frames:
+        progress(f"persona: {conv.prompt_frames} prompt frames in "
+                 f"{conv.core.prefill_seconds:.2f} s"
                  + (" (from the persona cache)" if conv.persona_cached else ""))
     return model, conv
-
-
-def _talk(conv, transcript):
-    """A duplex-loop step: one frame through the conversation, its text into the transcript."""
-    def step(frame):
-        audio, token = conv.step(frame)
-        transcript.add(token)
-        return audio
-    return step
 
 
 class _LiveStatus:
@@ -240,35 +181,34 @@ def _live_summary(loop, conv) -> None:
 def cmd_run(args) -> int:
     """A recording in, the model's answer out (same length), text per frame: as fast as the
     machine goes, or with --realtime through the live loop at the pace of a microphone."""
-    import numpy as np
-
     from .audio import read_audio, write_audio
     from .runtime.metrics import format_summary
-    from .runtime.text import Transcript
+    from .runtime.text import Transcript, write_records
 
     pcm = read_audio(args.input)  # before the model loads: a bad file fails fast
     model, conv = _conversation(args)
-    transcript = Transcript(model.text, records=bool(args.text_out))
-    step = _talk(conv, transcript)
-    frame = model.frame_size
     if args.realtime:
         from .runtime.audio_io.paced_file import run_paced
 
-        out, loop = run_paced(step, pcm, frame_size=frame,
+        transcript = Transcript(model.text, records=bool(args.text_out))
+
+        def step(frame):
+            audio, token = conv.core.step(frame)
+            transcript.add(token)
+            return audio
+
+        out, loop = run_paced(step, pcm, frame_size=model.frame_size,
                               max_backlog_frames=args.max_backlog_frames, on_tick=_LiveStatus())
+        text, records = transcript.text, transcript.records
     else:
-        frames = -(-pcm.shape[0] // frame)
-        padded = np.zeros(frames * frame, np.float32)
-        padded[:pcm.shape[0]] = pcm
-        out = np.empty_like(padded)
-        for i in range(frames):
-            out[i * frame:(i + 1) * frame] = step(padded[i * frame:(i + 1) * frame])
+        response = conv.respond(pcm)
+        out, text, records = response.pcm, response.text, response.records
     write_audio(args.output, out[:pcm.shape[0]])
     if args.text_out:
-        transcript.write_records(args.text_out)
+        write_records(args.text_out, records)
     if args.realtime:
         _live_summary(loop, conv)  # first: it ends the status line the transcript would join
-    print(transcript.text or "(no text)")
+    print(text or "(no text)")
     if not args.realtime:
         print(format_summary(conv.metrics.summary()))
     return 0
@@ -276,18 +216,25 @@ def cmd_run(args) -> int:
 
 def cmd_mic(args) -> int:
     """Full duplex on the sound devices until Ctrl-C (or --duration seconds)."""
-    from .runtime.audio_io.devices import run_on_devices
-    from .runtime.text import Transcript
-
     model, conv = _conversation(args, progress=_note)
-    transcript = Transcript(model.text, on_piece=lambda piece: print(piece, end="", flush=True))
     print("listening; Ctrl-C to stop", file=sys.stderr)
-    loop = run_on_devices(_talk(conv, transcript), args.input_device, args.output_device,
-                          duration=args.duration, on_tick=_LiveStatus(),
-                          max_backlog_frames=args.max_backlog_frames,
-                          aec=args.aec == "on", step_metrics=conv.metrics, progress=_note)
+    loop = conv.live(on_text=lambda piece: print(piece, end="", flush=True),
+                     input_device=args.input_device, output_device=args.output_device,
+                     duration=args.duration, on_tick=_LiveStatus(),
+                     max_backlog_frames=args.max_backlog_frames, aec=args.aec == "on",
+                     progress=_note)
     _live_summary(loop, conv)
     return 0
+
+
+def cmd_stdio(args) -> int:
+    """One conversation over stdin/stdout in framed messages (runtime/stdio.py)."""
+    from .runtime.stdio import serve_stdio
+
+    if args.max_backlog_frames is not None and args.max_backlog_frames < 0:
+        raise PersonaPlexError("--max-backlog-frames must be 0 or more")
+    return serve_stdio(lambda: _conversation(args, progress=_note)[1],
+                       args.max_backlog_frames, progress=_note)
 
 
 def cmd_bench(args) -> int:
@@ -483,6 +430,14 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--delay-ms", type=float, default=None,
                    help="the echo's delay, if known (default: measured from the recordings)")
     a.set_defaults(func=cmd_aec)
+
+    o = sub.add_parser("stdio", help="one conversation over stdin/stdout: framed PCM16 in, "
+                                     "PCM16 and text out (for apps in any language)")
+    _add_conversation_args(o)
+    o.add_argument("--max-backlog-frames", type=int, default=None,
+                   help="live audio: drop the oldest input frames when more than this many "
+                        "wait (default: lossless, the pipe holds the writer back)")
+    o.set_defaults(func=cmd_stdio)
 
     b = sub.add_parser("bench", help="per-stage timings: p50/p90/p99/max, over-budget frames")
     _add_conversation_args(b)

@@ -25,9 +25,9 @@ import numpy as np
 
 from personaplex_edge.errors import PersonaPlexError
 
-from .lockstep import step_many
+from .conversation import step_many
 from .metrics import FRAME_BUDGET_MS, FrameMetrics, format_summary
-from .model import Model
+from .api import Model
 from .persona import Persona
 from .sampling import SamplingParams
 

@@ -2,44 +2,47 @@
 `step(pcm_frame) -> (pcm_frame, text_token)` per 80 ms frame, on Moshi's own schedule (the
 agent's frame n is heard right after step n + 1; the first step answers silence).
 
-A conversation owns every buffer that changes - a row of a lockstep batch: Mimi state, KV rings,
-token ring, sampling noise and parameters - plus its metrics and persona; the model's graphs,
-tokenizer and voice bank it only reads. `close()` gives its row back.
+A conversation owns a row of a lockstep batch - Mimi state, KV rings, token ring, sampling noise
+and parameters - plus its metrics and persona; the model's graphs, tokenizer and voice bank it
+only reads. `close()` gives its row back. This is the token-level conversation the front ends
+step (`step_many` batches many in one tick); an app holds runtime/api.py's, which speaks text.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Mapping
 
 import numpy as np
 
 from personaplex_edge.errors import PersonaPlexError
 
-from .lockstep import Lockstep, step_many
+from .lockstep import LockstepPool
 from .metrics import FrameMetrics
-from .persona import Persona, PersonaCache, Snapshot, build_persona
+from .persona import Persona, build_persona, persona_key
+from .persona_cache import PersonaCache, Snapshot
 from .sampling import SamplingParams
-
-if TYPE_CHECKING:
-    from .model import Model
 
 
 class Conversation:
-    def __init__(self, model: "Model", group: Lockstep, sampling: SamplingParams,
-                 persona: Persona):
-        self.model = model
-        self.group = group
+    def __init__(self, pool: LockstepPool, sampling: SamplingParams = SamplingParams(),
+                 persona: Persona = Persona(), persona_cache: PersonaCache | None = None):
+        self.pool = pool
+        self.model = pool.model
         self.sampling = sampling
         self.persona = persona
+        self.persona_cache = persona_cache
         self.metrics = FrameMetrics()
-        self.last_frame: np.ndarray | None = None  # [9]: text, agent cb0..7 last emitted
         self.prefill_seconds = 0.0
         self.persona_cached = False
         self._closed = False
-        self.row = group.join(self, sampling)
+        self.group, self.row = pool.take(self, sampling)
 
     # -- lifecycle ------------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def check_open(self) -> None:
         if self._closed:
             raise PersonaPlexError("this conversation was closed; open another on the model")
@@ -47,7 +50,7 @@ class Conversation:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self.model.release(self.group, self.row)
+            self.pool.release(self.group, self.row)
 
     def __enter__(self) -> "Conversation":
         return self
@@ -64,6 +67,11 @@ class Conversation:
         """The conversation's token ring (Moshi's schedule, personaplex_edge.streams)."""
         return self.group.rings[self.row]
 
+    @property
+    def last_frame(self) -> np.ndarray | None:
+        """[9]: text, agent cb0..7 of the frame last emitted (None before the first)."""
+        return self.group.last_frames[self.row]
+
     def restart(self, sampling: SamplingParams | None = None) -> None:
         """From the start again on the same row (new sampling, or the same seed's noise from its
         beginning); prefill() again before stepping."""
@@ -73,12 +81,11 @@ class Conversation:
             self.group.set_sampling(self.row, sampling)  # checked first: refused, nothing moved
             self.group.reset_row(self.row)
         self.sampling = sampling
-        self.last_frame = None
 
     # -- persona --------------------------------------------------------------------------------
     def prefill(self, persona: Persona | None = None) -> int:
         """Runs the persona (teacher-forced prompts) from a fresh start, or restores its forced
-        part from the model's persona cache; returns the number of prompt frames (0 without a
+        part from the persona cache; returns the number of prompt frames (0 without a
         persona)."""
         self.check_open()
         if persona is not None:
@@ -87,19 +94,20 @@ class Conversation:
         if not self.persona.enabled:
             return 0
         t0 = time.perf_counter()
-        model, cache = self.model, self.model.persona_cache
-        key = PersonaCache.key(model, self.persona)
-        snap = cache.get(key)
+        cache = self.persona_cache
+        key = persona_key(self.model, self.persona)
+        snap = cache.get(key) if cache is not None else None
         self.persona_cached = snap is not None
         group, row = self.group, self.row
         if snap is None:
-            plan = build_persona(model, self.persona)
+            plan = build_persona(self.model, self.persona)
             group.prefill_forced(row, plan, lock=group.lock)  # the other rows tick between calls
             with group.lock:
                 rings = group.helium.ring_prefix([row], len(plan) - 1)
             snap = Snapshot(len(plan) - 1, rings, plan.columns[-1], plan.embeddings[-1],
                             plan.pending)
-            cache.put(key, snap)
+            if cache is not None:
+                cache.put(key, snap)
         else:
             with group.lock:
                 group.helium.set_ring_prefix(snap.rings, [row])
@@ -114,3 +122,28 @@ class Conversation:
         None before the first complete frame). The returned pcm is a view into a buffer this
         conversation's next step overwrites."""
         return step_many({self: pcm})[self]
+
+
+def step_many(frames: Mapping[Conversation, np.ndarray]
+              ) -> dict[Conversation, tuple[np.ndarray, int | None]]:
+    """One frame for each conversation in `frames` (conversation -> pcm [1920] f32): one
+    lockstep tick per batch group, so conversations sharing a batch-B model's group are stepped
+    in one call of each graph. -> conversation -> (pcm [1920] view, text token or None)."""
+    groups: dict[int, tuple] = {}
+    for conv, pcm in frames.items():
+        conv.check_open()
+        group, rows, owners = groups.setdefault(id(conv.group), (conv.group, {}, {}))
+        rows[conv.row], owners[conv.row] = pcm, conv
+    out: dict[Conversation, tuple[np.ndarray, int | None]] = {}
+    for group, rows, owners in groups.values():
+        with group.lock:
+            results = group.tick(rows)
+            # a copy, under the lock: last() is a view that another thread's next tick of this
+            # group overwrites as soon as the lock is free
+            tick_ms = group.metrics.last().copy()
+        # the rows' owners as they were asked for: a row freed and taken again by another
+        # thread since the tick must not credit the newcomer
+        for b, result in results.items():
+            owners[b].metrics.append(tick_ms)
+            out[owners[b]] = result
+    return out

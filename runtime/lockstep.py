@@ -17,7 +17,10 @@ Per tick (rows stepped: A):
     depformer   hidden + text token -> the agent's 8 codes (on the device, for TensorRT)
     decode      Mimi decoder on the rows whose agent frame is complete -> 1920 samples
 
-`step_many` runs one tick per lockstep group for any set of conversations.
+A `LockstepPool` holds a model's batches: a conversation takes a free row of one (a batch-1
+model opens one batch per conversation; a batch-B model fills B rows of a batch before it
+opens another) and gives it back. Nothing here knows what a conversation is: a row's owner is
+whoever took it.
 """
 
 from __future__ import annotations
@@ -42,8 +45,7 @@ from .prompts import Prefill
 from .sampling import RowNoise, SamplingParams
 
 if TYPE_CHECKING:
-    from .conversation import Conversation
-    from .model import Model
+    from .model import LoadedModel
 
 
 # Persona frames per Helium call while other rows of the group are live: their ticks wait for
@@ -52,10 +54,10 @@ PREFILL_CHUNK = 16
 
 
 class Lockstep:
-    """One batch of rows on a model (see the module docstring). Not used directly: a Model
-    opens conversations on free rows."""
+    """One batch of rows on a model (see the module docstring). Not used directly: a
+    LockstepPool hands out its rows."""
 
-    def __init__(self, model: "Model"):
+    def __init__(self, model: "LoadedModel"):
         g = model.graphs
         self.model = model
         self.encoder = g[MIMI_ENCODER].bind()
@@ -69,7 +71,9 @@ class Lockstep:
         self._h, self._d = self.helium.inputs, self.depformer.inputs
         self.rings = [TokenRing(model.config) for _ in range(self.batch)]
         self.noise: list[RowNoise | None] = [None] * self.batch
-        self.members: list["Conversation | None"] = [None] * self.batch
+        self.members: list[object | None] = [None] * self.batch  # each row's owner
+        # [9] per row: text, agent cb0..7 of the frame the row last emitted (None before one)
+        self.last_frames: list[np.ndarray | None] = [None] * self.batch
         self._extra_set = np.ones(self.batch, bool)  # the row's extra embedding may be non-zero
         self.metrics = FrameMetrics()  # per tick
         self.lock = threading.RLock()  # one tick (or prefill) at a time on these buffers
@@ -83,14 +87,14 @@ class Lockstep:
     def occupied(self) -> int:
         return sum(m is not None for m in self.members)
 
-    def join(self, conversation: "Conversation", sampling: SamplingParams) -> int:
-        """Gives `conversation` a free row, in its initial state."""
+    def join(self, owner: object, sampling: SamplingParams) -> int:
+        """Gives `owner` a free row, in its initial state."""
         row = self.free_row()
         if row is None:
             raise PersonaPlexError("this lockstep batch is full")
         # refused settings must not take the row
         sampling.check(self._h[TEXT_NOISE].shape[-1], self._d[AUDIO_NOISE].shape[-1])
-        self.members[row] = conversation
+        self.members[row] = owner
         self.reset_row(row)
         self.set_sampling(row, sampling)
         return row
@@ -105,6 +109,7 @@ class Lockstep:
         self.encoder.reset([row])
         self.decoder.reset([row])
         self.rings[row].reset()
+        self.last_frames[row] = None
         self._set_extra(row, None)
 
     def set_sampling(self, row: int, sampling: SamplingParams) -> None:
@@ -224,7 +229,7 @@ class Lockstep:
                 continue
             codes_out[b] = frame[0, AGENT_FIRST:USER_FIRST]
             emitted[b] = int(frame[0, TEXT_STREAM])
-            self.members[b].last_frame = frame[0]
+            self.last_frames[b] = frame[0]
             out_rows.append(b)
         m.mark("host")
         pcm_out = self.decoder.run(out_rows)[PCM] if out_rows else None  # [B, 1, frame]
@@ -238,26 +243,48 @@ class Lockstep:
             g.close()
 
 
-def step_many(frames: Mapping["Conversation", np.ndarray]
-              ) -> dict["Conversation", tuple[np.ndarray, int | None]]:
-    """One frame for each conversation in `frames` (conversation -> pcm [1920] f32): one
-    lockstep tick per batch group, so conversations sharing a batch-B model's group are stepped
-    in one call of each graph. -> conversation -> (pcm [1920] view, text token or None)."""
-    groups: dict[int, tuple[Lockstep, dict[int, np.ndarray], dict[int, "Conversation"]]] = {}
-    for conv, pcm in frames.items():
-        conv.check_open()
-        group, rows, owners = groups.setdefault(id(conv.group), (conv.group, {}, {}))
-        rows[conv.row], owners[conv.row] = pcm, conv
-    out: dict["Conversation", tuple[np.ndarray, int | None]] = {}
-    for group, rows, owners in groups.values():
-        with group.lock:
-            results = group.tick(rows)
-            # a copy, under the lock: last() is a view that another thread's next tick of this
-            # group overwrites as soon as the lock is free
-            tick_ms = group.metrics.last().copy()
-        # the rows' owners as they were asked for: a row freed and taken again by another
-        # thread since the tick must not credit the newcomer
-        for b, result in results.items():
-            owners[b].metrics.append(tick_ms)
-            out[owners[b]] = result
-    return out
+class LockstepPool:
+    """The lockstep batches of one loaded model: rows handed out and taken back. One empty
+    batch is kept for the next taker (opening one conversation after another allocates
+    nothing); further empty ones let their buffers go."""
+
+    def __init__(self, model: "LoadedModel"):
+        self.model = model
+        self.groups: list[Lockstep] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def take(self, owner: object, sampling: SamplingParams) -> tuple[Lockstep, int]:
+        """A free row for `owner` (a new batch when every row is taken), in its initial state.
+        Refused sampling settings take no row."""
+        if self._closed:
+            raise PersonaPlexError("this model was closed; load it again")
+        with self._lock:
+            group = next((g for g in self.groups if g.free_row() is not None), None)
+            if group is None:
+                group = Lockstep(self.model)
+                self.groups.append(group)
+            with group.lock:
+                row = group.join(owner, sampling)
+        return group, row
+
+    def release(self, group: Lockstep, row: int) -> None:
+        with self._lock:
+            with group.lock:
+                group.leave(row)
+            idle = [g for g in self.groups if g.occupied == 0]
+            for extra in idle[1:]:
+                self.groups.remove(extra)
+                extra.close()
+
+    @property
+    def occupied(self) -> int:
+        return sum(g.occupied for g in self.groups)
+
+    def close(self) -> None:
+        """Lets every batch's buffers go now (device memory on a GPU backend)."""
+        with self._lock:
+            self._closed = True
+            for group in self.groups:
+                group.close()
+            self.groups = []

@@ -1,21 +1,18 @@
 """A loaded model: what every conversation on it shares, read-only and loaded once - the
-manifest, the four graphs' sessions or engines (the weights), the text tokenizer, the voice bank,
-the persona cache - and the lockstep batches its conversations run in.
+manifest, the four graphs' sessions or engines (the weights), the text tokenizer, the voice
+bank. The bottom of the runtime's core: it imports no persona, lockstep or conversation.
 
-    model = Model.load("models/personaplex-7b-v1")
-    conv = model.open_conversation(SamplingParams(seed=1), Persona(voice="NATF2"))
-    conv.prefill()
-    pcm_out, token = conv.step(pcm_in)          # per 80 ms frame
+    persona, persona_cache, lockstep   above it: a persona's prefill, the rows of a batch
+    conversation                       above them: one conversation on a row
+    api                                on top: what an app holds (`pe.load`, `model.conversation`)
 
-Opening a conversation allocates only its state: a row of a lockstep batch (a batch-1 model
-opens one batch per conversation; a batch-B model fills B rows of a batch before it opens
-another). The sessions are shared, and onnxruntime runs one session from several threads at
-once, so conversations on one model can be stepped from different threads.
+The sessions are shared, and onnxruntime runs one session from several threads at once, so
+conversations on one model can be stepped from different threads.
 """
 
 from __future__ import annotations
 
-import threading
+import hashlib
 from pathlib import Path
 from typing import Callable
 
@@ -24,26 +21,26 @@ import numpy as np
 from personaplex_edge.contract import (DEPFORMER_STEP, HELIUM_STEP, MIMI_DECODER, MIMI_ENCODER,
                                        TOKENS)
 from personaplex_edge.errors import ModelDirError, PersonaPlexError
-from personaplex_edge.manifest import Manifest, load_model_dir
+from personaplex_edge.manifest import MANIFEST, Manifest, load_model_dir
 from personaplex_edge.streams import initial_tokens
 
 from .backends import load_graphs
 from .codec import Codec
-from .lockstep import Lockstep
-from .persona import Persona, PersonaCache, manifest_digest
-from .sampling import SamplingParams
 from .text import TextTokenizer
 
 GRAPHS = (MIMI_ENCODER, MIMI_DECODER, HELIUM_STEP, DEPFORMER_STEP)
 
 
-class Model:
+class LoadedModel:
     def __init__(self, model_dir: str | Path, manifest: Manifest, device: str = "auto",
-                 threads: int | None = None, progress: Callable[[str], None] | None = None,
-                 persona_cache: PersonaCache | None = None):
+                 threads: int | None = None, progress: Callable[[str], None] | None = None):
         self.model_dir = Path(model_dir)
         self.manifest = manifest
         self.config = manifest.config
+        tokens = next(t for t in manifest.graphs[HELIUM_STEP].inputs if t.name == TOKENS)
+        if len(tokens.shape) not in (2, 3):
+            raise PersonaPlexError(f"{model_dir}: helium_step takes tokens {list(tokens.shape)}, "
+                                   "which this runtime does not run; export the model again")
         self.graphs = load_graphs(model_dir, manifest, GRAPHS, device, threads, progress)
         self.runs_on = sorted({g.runs_on for g in self.graphs.values()})
         self._text = TextTokenizer(model_dir, manifest) if manifest.tokenizer else None
@@ -53,25 +50,14 @@ class Model:
         self.batch = manifest.graphs[HELIUM_STEP].inputs[0].shape[0]
         self.initial_tokens = initial_tokens(self.config)  # [17]
         self.manifest_sha256 = manifest_digest(model_dir)
-        self.persona_cache = persona_cache if persona_cache is not None else PersonaCache(
-            progress=progress)
-        self.groups: list[Lockstep] = []
-        self._lock = threading.Lock()
         self._voices: list[str] | None = None
-        self._closed = False
-        tokens = next(t for t in manifest.graphs[HELIUM_STEP].inputs if t.name == TOKENS)
-        if len(tokens.shape) not in (2, 3):
-            raise PersonaPlexError(f"{model_dir}: helium_step takes tokens {list(tokens.shape)}, "
-                                   "which this runtime does not run; export the model again")
 
     @classmethod
     def load(cls, model_dir: str | Path, device: str = "auto", threads: int | None = None,
-             progress: Callable[[str], None] | None = None,
-             persona_cache: PersonaCache | None = None) -> "Model":
+             progress: Callable[[str], None] | None = None) -> "LoadedModel":
         manifest = load_model_dir(model_dir, need="lm", progress=progress)
-        return cls(model_dir, manifest, device, threads, progress, persona_cache)
+        return cls(model_dir, manifest, device, threads, progress)
 
-    # -- what conversations share ------------------------------------------------------------
     @property
     def text(self) -> TextTokenizer:
         """The text tokenizer; a model directory exported without one is refused here, where
@@ -105,51 +91,11 @@ class Model:
         finally:
             codec.close()
 
-    # -- conversations ---------------------------------------------------------------------------
-    def open_conversation(self, sampling: SamplingParams = SamplingParams(),
-                          persona: Persona = Persona()) -> "Conversation":
-        """A new conversation on a free row (its state only is allocated); call its prefill()
-        before its first step."""
-        from .conversation import Conversation
-
-        if self._closed:
-            raise PersonaPlexError("this model was closed; load it again")
-        with self._lock:
-            group = next((g for g in self.groups if g.free_row() is not None), None)
-            if group is None:
-                group = Lockstep(self)
-                self.groups.append(group)
-            with group.lock:
-                conv = Conversation(self, group, sampling, persona)
-        return conv
-
-    def release(self, group: Lockstep, row: int) -> None:
-        """A conversation left its row. One empty batch is kept for the next conversation (so
-        opening one after another allocates nothing); further empty ones let their buffers go."""
-        with self._lock:
-            with group.lock:
-                group.leave(row)
-            idle = [g for g in self.groups if g.occupied == 0]
-            for extra in idle[1:]:
-                self.groups.remove(extra)
-                extra.close()
-
-    @property
-    def open_conversations(self) -> int:
-        return sum(g.occupied for g in self.groups)
-
     def close(self) -> None:
-        """Lets every batch and every session go now (device memory on a GPU backend)."""
-        self._closed = True
-        with self._lock:
-            for group in self.groups:
-                group.close()
-            self.groups = []
-            for g in self.graphs.values():
-                g.close()
+        """Lets the sessions go now (device memory on a GPU backend)."""
+        for g in self.graphs.values():
+            g.close()
 
-    def __enter__(self) -> "Model":
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+def manifest_digest(model_dir: str | Path) -> str:
+    return hashlib.sha256((Path(model_dir) / MANIFEST).read_bytes()).hexdigest()

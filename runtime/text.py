@@ -72,7 +72,8 @@ class Transcript:
     def text(self) -> str:
         return "".join(self.pieces).strip()
 
-    def write_records(self, path: str | Path) -> None:
-        if self.records is None:
-            raise ValueError("this transcript keeps no per-frame records")
-        write_text_atomic(Path(path), json.dumps(self.records, ensure_ascii=False))
+
+
+def write_records(path: str | Path, records: list[str]) -> None:
+    """The reference offline tool's per-frame JSON (a list: the piece, "PAD" or "EPAD")."""
+    write_text_atomic(Path(path), json.dumps(records, ensure_ascii=False))

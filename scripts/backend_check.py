@@ -45,7 +45,7 @@ def conversation_run(model_dir: Path, device: str, frames: int, seed: int = 0) -
     """Greedy conversation without a persona over `frames` frames of seeded noise -> tokens
     [frames, 9] (text, agent cb0..7 of the frame emitted at each step; -1 before the first),
     pcm [frames, 1920], the LM part's class and capture outcome, ms per step."""
-    from personaplex_edge.runtime.model import Model
+    from personaplex_edge.runtime.api import Model
     from personaplex_edge.runtime.persona import Persona
     from personaplex_edge.runtime.sampling import SamplingParams
 

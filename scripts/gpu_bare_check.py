@@ -59,7 +59,7 @@ def prepare(bundle: Path, progress=say, source: Path | None = None) -> Path:
     import onnx_dump
 
     from personaplex_edge.atomic import staged_dir
-    from personaplex_edge.cli import resolve_model
+    from personaplex_edge.model_ref import resolve_model
     from personaplex_edge.export.precision import convert_model_dir
     from personaplex_edge.manifest import load_model_dir
 

@@ -25,7 +25,7 @@ from personaplex_edge.export.hub import CONFIG_FILE, MIMI_FILE, TOKENIZER_FILE, 
 from personaplex_edge.export.model_export import export_model
 from personaplex_edge.export.synthetic import train_tokenizer
 from personaplex_edge.manifest import load_model_dir
-from personaplex_edge.runtime.model import Model
+from personaplex_edge.runtime.api import Model
 from personaplex_edge.runtime.persona import Persona
 from personaplex_edge.runtime.sampling import SamplingParams
 
@@ -134,7 +134,7 @@ def test_conversations_sharing_a_model_interleaved_equal_each_alone(demo_model_d
         with model.open_conversation(sampling, persona) as conv:
             conv.prefill()
             alone.append(_run(conv, pcm[k]))
-    sessions = {id(g.session) for g in model.graphs.values()}
+    sessions = {id(g.session) for g in model.loaded.graphs.values()}
     convs = [model.open_conversation(s, p) for s, p in settings]
     for conv in convs:
         conv.prefill()
@@ -145,7 +145,7 @@ def test_conversations_sharing_a_model_interleaved_equal_each_alone(demo_model_d
     for k in range(3):
         np.testing.assert_array_equal(np.concatenate(outs[k]), alone[k], err_msg=f"conv {k}")
     assert len({id(c.group) for c in convs}) == 3  # batch-1 model: a row each
-    assert {id(g.session) for g in model.graphs.values()} == sessions  # loaded once
+    assert {id(g.session) for g in model.loaded.graphs.values()} == sessions  # loaded once
     assert not np.array_equal(alone[1], alone[2])
 
 
@@ -182,14 +182,13 @@ def test_two_threads_stepping_two_conversations_equal_each_alone(demo_model_dir)
 def test_a_cached_persona_continues_exactly_as_a_fresh_prefill(demo_model_dir, tmp_path):
     """The second conversation with a persona restores it from the cache (no prefill) and then
     answers bit for bit as one that prefilled; on disk, a damaged file is ignored and rebuilt."""
-    from personaplex_edge.runtime.persona import PersonaCache
+    from personaplex_edge.runtime.persona_cache import PersonaCache
 
     pcm = _speech(20, seed=7)
     persona = Persona(text_prompt=PROMPT, voice="NATM1")
     notes = []
     cache = PersonaCache(directory=tmp_path / "cache", progress=notes.append)
-    model = Model(demo_model_dir, load_model_dir(demo_model_dir), "cpu",
-                  persona_cache=cache)
+    model = Model.load(demo_model_dir, "cpu", persona_cache=cache)
     outs = []
     for _ in range(2):
         with model.open_conversation(SamplingParams(seed=5), persona) as conv:
@@ -198,16 +197,16 @@ def test_a_cached_persona_continues_exactly_as_a_fresh_prefill(demo_model_dir, t
     assert [cached for cached, _ in outs] == [False, True] and len(cache) == 1
     np.testing.assert_array_equal(outs[0][1], outs[1][1])
     # a new process: from disk
-    again = Model(demo_model_dir, model.manifest, "cpu",
-                  persona_cache=PersonaCache(directory=tmp_path / "cache"))
+    again = Model.load(demo_model_dir, "cpu",
+                       persona_cache=PersonaCache(directory=tmp_path / "cache"))
     with again.open_conversation(SamplingParams(seed=5), persona) as conv:
         assert conv.prefill() == frames and conv.persona_cached
         np.testing.assert_array_equal(_run(conv, pcm), outs[0][1])
     # damaged on disk: one line, then rebuilt by a fresh prefill
     (path,) = (tmp_path / "cache").glob("persona-*.npz")
     path.write_bytes(path.read_bytes()[:-100])
-    third = Model(demo_model_dir, model.manifest, "cpu",
-                  persona_cache=PersonaCache(directory=tmp_path / "cache", progress=notes.append))
+    third = Model.load(demo_model_dir, "cpu", persona_cache=PersonaCache(
+        directory=tmp_path / "cache", progress=notes.append))
     with third.open_conversation(SamplingParams(seed=5), persona) as conv:
         conv.prefill()
         assert not conv.persona_cached
@@ -223,7 +222,7 @@ def test_a_closed_conversation_refuses_to_run(demo_model_dir):
         conv.step(np.zeros(1920, np.float32))
     assert model.open_conversations == 0
     model.close()
-    assert all(g.session is None for g in model.graphs.values())  # onnxruntime's sessions go
+    assert all(g.session is None for g in model.loaded.graphs.values())  # onnxruntime's sessions go
 
 
 def test_prompt_longer_than_the_context_is_refused(tiny_full_model):
@@ -377,7 +376,7 @@ def test_batched_prefill_continues_like_the_frame_by_frame_one(demo_model_dir):
         with model.open_conversation(SamplingParams(greedy=True),
                                      Persona(text_prompt=PROMPT, voice="NATM1")) as conv:
             assert conv.group.framed  # this export's Helium takes several frames per call
-            plan = build_persona(model, conv.persona)
+            plan = build_persona(model.loaded, conv.persona)
             conv.group.prefill_forced(conv.row, plan, frame_by_frame=frame_by_frame)
             conv.group.prefill_last(conv.row, plan)
             got = []

@@ -16,7 +16,7 @@ from personaplex_edge.errors import ModelDirError
 from personaplex_edge.manifest import load_model_dir
 from personaplex_edge.runtime import backends
 from personaplex_edge.runtime.backends.ort_cuda import refuse_cuda_graph
-from personaplex_edge.runtime.model import Model
+from personaplex_edge.runtime.api import Model
 from personaplex_edge.runtime.persona import Persona
 from personaplex_edge.runtime.sampling import SamplingParams
 
@@ -52,7 +52,7 @@ def test_device_auto_falls_back_to_the_cpu_with_one_line(demo_model_dir, monkeyp
     assert [line for line in said if "CPU" in line] == [
         "running on the CPU: the GPU backend cannot be used here (onnxruntime's CUDA provider "
         "could not start (test))"]
-    assert all(g.device == "cpu" for g in model.graphs.values())
+    assert all(g.device == "cpu" for g in model.loaded.graphs.values())
     with pytest.raises(backends.DeviceUnavailable, match="--device cuda: onnxruntime's CUDA"):
         Model.load(demo_model_dir, device="cuda")
 

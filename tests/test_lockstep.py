@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from personaplex_edge.cli import main
-from personaplex_edge.runtime.lockstep import step_many
-from personaplex_edge.runtime.model import Model
+from personaplex_edge.runtime.conversation import step_many
+from personaplex_edge.runtime.api import Model
 from personaplex_edge.runtime.persona import Persona
 from personaplex_edge.runtime.sampling import SamplingParams
 

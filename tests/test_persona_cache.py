@@ -1,4 +1,4 @@
-"""The persona cache on its own (runtime/persona.PersonaCache): in memory an LRU bounded in
+"""The persona cache on its own (runtime/persona_cache.PersonaCache): in memory an LRU bounded in
 bytes; on disk files keyed by model and persona, checked by hash, a foreign or altered file
 ignored with one line and replaced. (That a restore continues exactly as a fresh prefill is
 tests/test_conversation.py's.)"""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from personaplex_edge.runtime.persona import PersonaCache, Snapshot
+from personaplex_edge.runtime.persona_cache import PersonaCache, Snapshot
 
 
 def _snapshot(forced: int, seed: int = 0) -> Snapshot:

@@ -364,7 +364,7 @@ def test_a_bf16_model_on_the_cpu_is_one_message_with_what_works(converted, capsy
     for the CPU (--device cpu, or auto without a GPU), the model is refused with the way out."""
     from personaplex_edge.cli import main
     from personaplex_edge.errors import ModelDirError
-    from personaplex_edge.runtime.model import Model
+    from personaplex_edge.runtime.api import Model
 
     with pytest.raises(ModelDirError, match="helium_step, depformer_step are bfloat16.*fp16"):
         Model.load(converted["bf16"], device="cpu")

@@ -33,7 +33,7 @@ EXACT = dict(sampling=SamplingParams(greedy=True), max_backlog=100_000, max_ahea
 
 @pytest.fixture(scope="module")
 def model(demo_model_dir):
-    from personaplex_edge.runtime.model import Model
+    from personaplex_edge.runtime.api import Model
 
     m = Model.load(demo_model_dir)
     yield m

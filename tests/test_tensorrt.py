@@ -456,7 +456,7 @@ def test_simulated_gpu_device_memory_is_freed_by_close_and_by_dropping_a_model(s
 
     from personaplex_edge.errors import PersonaPlexError
     from personaplex_edge.manifest import write_manifest
-    from personaplex_edge.runtime.model import Model
+    from personaplex_edge.runtime.api import Model
     from personaplex_edge.runtime.persona import Persona
     from personaplex_edge.runtime.sampling import SamplingParams
 
@@ -673,7 +673,7 @@ def test_simulated_gpu_persona_prefill_in_one_engine_call(simulated):
     per ring; the conversation after equals the one after frame-by-frame prefill, and the one
     onnxruntime runs on the CPU."""
     from personaplex_edge.manifest import write_manifest
-    from personaplex_edge.runtime.model import Model
+    from personaplex_edge.runtime.api import Model
     from personaplex_edge.runtime.persona import Persona, build_persona
     from personaplex_edge.runtime.sampling import SamplingParams
 
@@ -689,7 +689,7 @@ def test_simulated_gpu_persona_prefill_in_one_engine_call(simulated):
                                         ("cpu, one call", cpu_model, False)):
         with model.open_conversation(SamplingParams(greedy=True), persona) as conv:
             assert conv.group.framed
-            plan = build_persona(model, persona)
+            plan = build_persona(model.loaded, persona)
             copies = cuda.copies_2d
             conv.group.prefill_forced(conv.row, plan, frame_by_frame=frame_by_frame)
             if name == "gpu, one call":  # 4 rings, no wrap: one copy each
@@ -706,11 +706,11 @@ def test_simulated_gpu_persona_prefill_in_one_engine_call(simulated):
         for ring, value in runs[name][0].items():
             np.testing.assert_allclose(value, runs["gpu, one call"][0][ring], atol=1e-5)
     # the same TensorRT model on the CPU computes other last bits: its personas are cached apart
-    from personaplex_edge.runtime.persona import PersonaCache
+    from personaplex_edge.runtime.persona import persona_key
 
     cpu_on_trt = Model.load(model_dir, device="cpu")
     assert gpu_model.runs_on == ["tensorrt"] and cpu_on_trt.runs_on == ["onnxruntime-cpu"]
-    assert PersonaCache.key(gpu_model, persona) != PersonaCache.key(cpu_on_trt, persona)
+    assert persona_key(gpu_model.loaded, persona) != persona_key(cpu_on_trt.loaded, persona)
 
 
 def test_simulated_gpu_ort_cuda_checks_its_graph_and_its_one_captured_conversation(simulated):

@@ -9,21 +9,11 @@ about to close the session.
 
 from __future__ import annotations
 
-import enum
 import json
 
+from ..message_kind import Kind
+
 MAX_MESSAGE_BYTES = 1 << 20  # a larger message ends its session (1 s of Opus is ~4 KiB)
-
-
-class Kind(enum.IntEnum):
-    HANDSHAKE = 0x00
-    AUDIO = 0x01  # Ogg/Opus pages, 24 kHz mono
-    TEXT = 0x02  # a UTF-8 text piece, word starts as a space
-    CONTROL = 0x03  # start/endTurn/pause/restart in the web clients; not sent by them today
-    METADATA = 0x04  # JSON
-    ERROR = 0x05  # UTF-8 reason, sent before the server closes
-    PING = 0x06
-    COLORED_TEXT = 0x07  # moshi's server to its client only
 
 
 # Kinds a client may send that carry nothing this server acts on: the web clients define them

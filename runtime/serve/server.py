@@ -59,7 +59,7 @@ class ServeOptions:
     max_ahead_s: float | None = MAX_AHEAD_S
     device: str = "auto"
     threads: int | None = None
-    persona_cache: object = None  # a runtime.persona.PersonaCache (None: the model's default)
+    persona_cache: object = None  # a runtime.persona_cache.PersonaCache (None: the model's default)
 
 
 def ssl_context(ssl_dir: Path) -> ssl.SSLContext:
@@ -100,7 +100,7 @@ class Server:
         if options.voice_dir is not None and not Path(options.voice_dir).is_dir():
             raise PersonaPlexError(f"--voice-dir {options.voice_dir} is not a directory")
         if model is None:
-            from personaplex_edge.runtime.model import Model
+            from personaplex_edge.runtime.api import Model
 
             model = Model.load(options.model_dir, device=options.device,
                                threads=options.threads, progress=progress,
@@ -129,7 +129,7 @@ class Server:
     async def start(self) -> None:
         o, model = self.options, self.model
         self._check_defaults()
-        from personaplex_edge.runtime.lockstep import step_many
+        from personaplex_edge.runtime.conversation import step_many
 
         stats = ServerStats()
         stats.capacity.set(o.max_sessions)

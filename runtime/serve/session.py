@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import threading
 import time
-from collections import deque
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 from aiohttp import WSCloseCode
 
+from ..frame_backlog import FrameBacklog
 from . import protocol
 from .opus import OpusDecoder, OpusEncoder
 
@@ -34,39 +33,6 @@ _ids = itertools.count(1)
 # seconds of audio a client may send ahead of the clock (a network's burst after a stall) before
 # its session ends: further ahead it would take the other sessions' CPU in Opus decoding
 MAX_AHEAD_S = 10.0
-
-
-class FrameBacklog:
-    """Frames of one session waiting for the tick thread, at most `max_backlog` of them beyond
-    the one the next tick takes; each frame carries the time it became ready."""
-
-    def __init__(self, max_backlog: int, on_ready: Callable[[], None] = lambda: None):
-        self.max_backlog = max_backlog
-        self._frames: deque[tuple[np.ndarray, float]] = deque()
-        self._lock = threading.Lock()
-        self._on_ready = on_ready
-        self.dropped = 0  # frames dropped because the session was behind
-        self.pushed = 0
-
-    def push(self, frame: np.ndarray) -> int:
-        """Adds a frame; returns how many old frames it pushed out."""
-        with self._lock:
-            self._frames.append((frame, time.perf_counter()))
-            self.pushed += 1
-            dropped = 0
-            while len(self._frames) > self.max_backlog + 1:
-                self._frames.popleft()
-                dropped += 1
-            self.dropped += dropped
-        self._on_ready()
-        return dropped
-
-    def take(self) -> tuple[np.ndarray, float] | None:
-        with self._lock:
-            return self._frames.popleft() if self._frames else None
-
-    def __len__(self) -> int:
-        return len(self._frames)
 
 
 class LatencyLog:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 if TYPE_CHECKING:
-    from personaplex_edge.runtime.model import Model
+    from personaplex_edge.runtime.api import Model
     from personaplex_edge.runtime.persona import Persona
     from personaplex_edge.runtime.sampling import SamplingParams
 
