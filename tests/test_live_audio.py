@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 pytestmark = pytest.mark.skipif(
@@ -182,3 +183,60 @@ def test_open_speaker_echo_is_cancelled_against_aec_off(echo_env, demo_model_dir
     assert removed >= 10.0, on
     assert _heard_db(off) > -6.0, off  # without cancelling it hears itself at full level
     assert _heard_db(on) <= _heard_db(off) - 10.0, (on, off)
+
+
+def _readme_python_section() -> str:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text.split("\n## Python API\n", 1)[1].split("\n## ", 1)[0]
+    blocks = [b.split("```", 1)[0] for b in section.split("```python\n")[1:]]
+    assert len(blocks) >= 3, "the README's Python section lost its examples"
+    return "\n".join(blocks)
+
+
+def test_the_readme_python_section_runs_as_written(pulse_env, demo_model_dir, tmp_path):
+    """Every Python block of the README's API section, in order, in one process: on the
+    built-in demo model (found where `pe.load("demo")` looks), a question.wav beside it, and
+    the sound devices of the test's PulseAudio for the live block."""
+    import soundfile as sf
+
+    from personaplex_edge.audio import read_audio, write_audio
+    from personaplex_edge.runtime.bench import bundled_speech
+
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "demo").symlink_to(demo_model_dir)
+    write_audio(tmp_path / "question.wav", read_audio(bundled_speech()))
+    done = subprocess.run([sys.executable, "-c", _readme_python_section()], cwd=tmp_path,
+                          env=pulse_env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    question, _ = sf.read(tmp_path / "question.wav")
+    answer, rate = sf.read(tmp_path / "answer.wav")
+    assert rate == 24000 and answer.shape == question.shape and np.abs(answer).max() > 0
+    frames = int(done.stdout.strip().splitlines()[-1].split()[0])
+    assert frames > 0, done.stdout[-500:]  # the live block ran on the devices
+
+
+def test_the_api_live_loop_calls_back_with_what_it_heard_and_said(pulse_env, demo_model_dir):
+    code = f"""
+import json, numpy as np
+import personaplex_edge as pe
+heard, said, pieces = [], [], []
+model = pe.load({str(demo_model_dir)!r}, device="cpu")
+with model.conversation(seed=3) as conv:
+    loop = conv.live(on_text=pieces.append, aec=False, duration=4,
+                     on_audio=lambda h, s: (heard.append(h.copy()), said.append(s.copy())))
+    print(json.dumps({{"frames": loop.stats.frames, "heard": len(heard), "said": len(said),
+                      "shapes": sorted({{a.shape for a in heard + said}}),
+                      "loud": float(np.abs(np.concatenate(said)).max()),
+                      "text_ok": "".join(pieces).strip() == conv.text,
+                      "position": conv.position}}))
+"""
+    done = _run(code, pulse_env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    import json
+
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["frames"] >= 0.5 * 12.5 * 4 and seen["heard"] == seen["said"] == seen["frames"]
+    assert seen["shapes"] == [[1920]] and seen["loud"] > 0 and seen["text_ok"]
+    assert seen["position"] >= seen["frames"]  # each callback was a step of the conversation
