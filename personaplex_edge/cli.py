@@ -227,6 +227,65 @@ def cmd_mic(args) -> int:
     return 0
 
 
+def cmd_batch(args) -> int:
+    """Many recordings, unpaced, in lockstep (runtime/batch): the answers beside them or under
+    --output, a summary, exit 1 when any item failed."""
+    import time
+
+    from .runtime.batch import find_items, parse_shard, run_batch, shard
+    from .runtime.persona import Persona
+
+    k, n = parse_shard(args.shard)  # before the model loads: a bad flag fails fast
+    layout = find_items(args.input, args.output)
+    items = shard(layout.items, k, n)
+    if args.rows is not None and args.rows < 1:
+        raise PersonaPlexError("--rows must be at least 1")
+    model = _load_model(args, _note)
+    model.text  # every item's prompt and text need it: a model without one stops here
+    _note(f"{layout.kind}: {len(items)} of {len(layout.items)} items (shard {k}/{n}), "
+          f"{args.rows or model.batch} at a time on {model.model_dir}")
+    summary = run_batch(model, items, _sampling(args),
+                        Persona(text_prompt=args.text_prompt, voice=args.voice_prompt,
+                                enabled=not args.no_persona),
+                        overwrite=args.overwrite, codes=args.codes, rows=args.rows)
+    summary.extra = {"model": str(model.model_dir), "input": str(args.input),
+                     "layout": layout.kind, "shard": f"{k}/{n}",
+                     "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                     "flags": {"greedy": args.greedy, "seed": args.seed, "temp": args.temp,
+                               "temp_text": args.temp_text, "top_k": args.top_k,
+                               "top_k_text": args.top_k_text}}
+    name = "batch-summary.json" if n == 1 else f"batch-summary-{k}-of-{n}.json"
+    summary.write(layout.summary_dir / name)
+    counts = summary.to_json()["counts"]
+    print(f"{counts['done']} done, {counts['skipped']} skipped (finished before), "
+          f"{counts['failed']} failed, {counts['interrupted']} interrupted; "
+          f"{summary.audio_seconds / 3600:.3f} h of audio in {summary.wall_seconds:.1f} s "
+          f"({summary.to_json()['times_real_time']:.1f}x real time); summary: "
+          f"{layout.summary_dir / name}")
+    if summary.interrupted:
+        raise KeyboardInterrupt
+    if counts["failed"]:
+        print(f"personaplex-edge: {counts['failed']} item(s) failed (listed above and in the "
+              "summary)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_decode(args) -> int:
+    """A codes file of batch --codes -> the audio the batch wrote (Mimi decoder alone)."""
+    from .audio import write_audio
+    from .runtime.batch import AgentCodes
+    from .runtime.codec import Codec
+
+    codes = AgentCodes.load(args.codes)  # before the model loads
+    codec = Codec.load(resolve_model(args.model, _note), device=args.device,
+                       threads=args.threads, progress=_note)
+    write_audio(args.output, codes.to_audio(codec), codec.sample_rate)
+    print(f"{args.codes}: {codes.codes.shape[0]} frames -> {args.output} "
+          f"({codes.samples / codes.sample_rate:.2f} s)")
+    return 0
+
+
 def cmd_stdio(args) -> int:
     """One conversation over stdin/stdout in framed messages (runtime/stdio.py)."""
     from .runtime.stdio import serve_stdio
@@ -430,6 +489,32 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--delay-ms", type=float, default=None,
                    help="the echo's delay, if known (default: measured from the recordings)")
     a.set_defaults(func=cmd_aec)
+
+    t = sub.add_parser("batch", help="many recordings offline, unpaced and in lockstep: a "
+                                     "Full-Duplex-Bench tree, a folder or a JSONL manifest")
+    _add_conversation_args(t)
+    t.add_argument("--input", required=True,
+                   help="a Full-Duplex-Bench tree (*/input.wav), a folder of audio files, or "
+                        "a .jsonl manifest (input, output, text_prompt, voice_prompt, seed)")
+    t.add_argument("--output", help="where the answers go (default: beside each input in a "
+                                    "Full-Duplex-Bench tree; needed for a folder)")
+    t.add_argument("--shard", help="K/N: this machine's part of the sorted items (every N-th "
+                                   "from the K-th), e.g. a job array's index")
+    t.add_argument("--overwrite", action="store_true",
+                   help="answer items again whose outputs are there (default: skip them)")
+    t.add_argument("--codes", action="store_true",
+                   help="also keep each answer's agent codes and text tokens (NAME.codes.npz: "
+                        "personaplex-edge decode turns them into the same audio)")
+    t.add_argument("--rows", type=int, default=None,
+                   help="items stepped together (default: the model's --batch)")
+    t.set_defaults(func=cmd_batch)
+
+    k = sub.add_parser("decode", help="a codes file of batch --codes -> its audio (code2wav)")
+    k.add_argument("--model", required=True, help="the model directory that wrote the codes")
+    k.add_argument("--codes", required=True, help="NAME.codes.npz")
+    k.add_argument("--output", required=True, help="the audio (24 kHz wav)")
+    _add_runtime_args(k)
+    k.set_defaults(func=cmd_decode)
 
     o = sub.add_parser("stdio", help="one conversation over stdin/stdout: framed PCM16 in, "
                                      "PCM16 and text out (for apps in any language)")

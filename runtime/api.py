@@ -19,7 +19,6 @@ message names the fix.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 
@@ -32,6 +31,7 @@ from .lockstep import LockstepPool
 from .model import LoadedModel
 from .persona import DEFAULT_TEXT_PROMPT, Persona
 from .persona_cache import PersonaCache
+from .response import Response, ResponseBuilder
 from .sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -194,16 +194,6 @@ class Model:
                 f"runs_on={self.runs_on}, open_conversations={self.open_conversations})")
 
 
-@dataclass
-class Response:
-    """A whole recording's answer (`Conversation.respond`), as `personaplex-edge run` writes
-    it."""
-
-    pcm: np.ndarray  # [T] float32 at 24 kHz: the input's length, time-aligned with it
-    text: str  # what the model said
-    records: list[str] = field(default_factory=list)  # per frame: the piece, "PAD" or "EPAD"
-
-
 class Conversation:
     """One conversation on a `Model` (made by `model.conversation(...)`): 1920 samples of the
     user in, 1920 of the model out, per step."""
@@ -219,8 +209,8 @@ class Conversation:
     # -- one frame ----------------------------------------------------------------------------
     def step(self, pcm: np.ndarray, sample_rate: int | None = None) -> tuple[np.ndarray, str]:
         """pcm: float32 [1920] at 24 kHz (80 ms of the user) -> (float32 [1920]: 80 ms of the
-        model, the text piece the model said in that frame, '' for none). The answer is the
-        model's previous frame (Moshi's schedule): the first step answers silence.
+        model, the text piece the model said in that frame, '' for none). Moshi's schedule:
+        the first step answers the persona's last frame, or silence without a persona.
 
             >>> pcm_out, text = conv.step(np.zeros(1920, np.float32))
         """
@@ -267,17 +257,12 @@ class Conversation:
         """A whole recording in, the model's answer out - exactly what `personaplex-edge run`
         writes for it: the input's length, time-aligned with it, and one text record per
         frame."""
-        signal = self._signal(pcm, sample_rate)
-        out = np.empty(-(-signal.shape[0] // self.frame_size) * self.frame_size, np.float32)
-        records: list[str] = []
-        start = len(self._pieces)
-        for i, frame in enumerate(self._cut(signal)):
-            answer, token = self.core.step(frame)
-            out[i * self.frame_size:(i + 1) * self.frame_size] = answer
-            self._piece(token)
-            records.append(self.model.text.record(token))
-        text = "".join(self._pieces[start:]).strip()
-        return Response(out[:signal.shape[0]], text, records)
+        built = ResponseBuilder(self._signal(pcm, sample_rate), self.frame_size, self.model.text)
+        for i in range(built.frames):
+            answer, token = self.core.step(self._frame(built.frame(i)))
+            if piece := built.add(i, answer, token):
+                self._pieces.append(piece)
+        return built.response()
 
     # -- the sound devices ------------------------------------------------------------------------
     def live(self, on_text: Callable[[str], None] | None = None,

@@ -70,3 +70,20 @@ def demo_model_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("demo_model") / "model"
     export_model(resolve_checkpoint(str(ckpt)), out, progress=lambda s: None)
     return out
+
+
+LOCKSTEP_BATCH = 3
+
+
+@pytest.fixture(scope="session")
+def batch_model_dir(tmp_path_factory) -> Path:
+    """The demo model (the same random weights) exported with --batch 3."""
+    from personaplex_edge.export.hub import resolve_checkpoint
+    from personaplex_edge.export.model_export import export_model
+    from personaplex_edge.export.synthetic import write_synthetic_checkpoint
+
+    ckpt = write_synthetic_checkpoint(preset("demo"), tmp_path_factory.mktemp("demo_ckpt_b"))
+    out = tmp_path_factory.mktemp("demo_b") / "model"
+    export_model(resolve_checkpoint(str(ckpt)), out, batch=LOCKSTEP_BATCH,
+                 progress=lambda s: None)
+    return out

@@ -17,21 +17,7 @@ from personaplex_edge.runtime.persona import Persona
 from personaplex_edge.runtime.sampling import SamplingParams
 
 FRAME = 1920
-BATCH = 3
-
-
-@pytest.fixture(scope="module")
-def batch_model_dir(tmp_path_factory):
-    """The demo model exported with --batch 3."""
-    from personaplex_edge.config import preset
-    from personaplex_edge.export.hub import resolve_checkpoint
-    from personaplex_edge.export.model_export import export_model
-    from personaplex_edge.export.synthetic import write_synthetic_checkpoint
-
-    ckpt = write_synthetic_checkpoint(preset("demo"), tmp_path_factory.mktemp("demo_ckpt_b"))
-    out = tmp_path_factory.mktemp("demo_b") / "model"
-    export_model(resolve_checkpoint(str(ckpt)), out, batch=BATCH, progress=lambda s: None)
-    return out
+BATCH = 3  # conftest.batch_model_dir exports the demo model at this batch
 
 
 def _noise(frames: int, seed: int) -> np.ndarray:

@@ -1,0 +1,70 @@
+"""A whole recording's answer, as `personaplex-edge run` writes it: the recording cut into
+frames (the last padded with silence), one model step per frame, the answers joined and cut
+back to the recording's length (so the answer is time-aligned with it), and one text record
+per frame. `Conversation.respond` steps one recording; `batch` steps many side by side."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from personaplex_edge.streams import AGENT_FIRST, TEXT_STREAM, USER_FIRST
+
+from .text import TextTokenizer
+
+
+@dataclass
+class Response:
+    """A whole recording's answer (`Conversation.respond`), as `personaplex-edge run` writes
+    it."""
+
+    pcm: np.ndarray  # [T] float32 at 24 kHz: the input's length, time-aligned with it
+    text: str  # what the model said
+    records: list[str] = field(default_factory=list)  # per frame: the piece, "PAD" or "EPAD"
+
+
+class ResponseBuilder:
+    """One recording, stepped frame by frame into its Response: `frame(i)` is the model's
+    input for step i, `add(i, pcm, token)` takes its answer. With `keep_codes`, the agent's
+    codes and text token of each emitted frame are kept too (without a persona the first
+    step emits none): what the Mimi decoder alone turns back into the same audio (batch
+    --codes)."""
+
+    def __init__(self, signal: np.ndarray, frame_size: int, text: TextTokenizer,
+                 keep_codes: bool = False):
+        self.samples = signal.shape[0]
+        self.frame_size = frame_size
+        self.frames = -(-self.samples // frame_size)
+        self._input = np.zeros(self.frames * frame_size, np.float32)  # [frames * frame]
+        self._input[:self.samples] = signal
+        self._output = np.empty_like(self._input)
+        self._text = text
+        self.records: list[str] = []
+        self.pieces: list[str] = []
+        self._emitted: list[np.ndarray] | None = [] if keep_codes else None  # [9] each
+
+    def frame(self, i: int) -> np.ndarray:
+        return self._input[i * self.frame_size:(i + 1) * self.frame_size]
+
+    def add(self, i: int, pcm: np.ndarray, token: int | None,
+            emitted: np.ndarray | None = None) -> str:
+        """Step i's answer; `emitted` is the conversation's last emitted frame [9] (text,
+        agent codebooks), needed with keep_codes. Returns the text piece ('' for none)."""
+        self._output[i * self.frame_size:(i + 1) * self.frame_size] = pcm
+        self.records.append(self._text.record(token))
+        piece = self._text.piece(token)
+        if piece:
+            self.pieces.append(piece)
+        if self._emitted is not None and token is not None:
+            self._emitted.append(emitted.copy())
+        return piece
+
+    def response(self) -> Response:
+        return Response(self._output[:self.samples].copy(), "".join(self.pieces).strip(),
+                        self.records)
+
+    def codes(self) -> tuple[np.ndarray, np.ndarray]:
+        """The emitted frames' agent codes [E, 8] and text tokens [E]."""
+        rows = np.array(self._emitted, np.int64).reshape(-1, USER_FIRST)  # [E, 9]
+        return rows[:, AGENT_FIRST:USER_FIRST], rows[:, TEXT_STREAM]
