@@ -243,6 +243,9 @@ def test_lockstep_rows_of_different_lengths_equal_each_item_alone(
     assert _batch(batch_model_dir, "--input", str(fdb_tree), "--output", str(together),
                   "--seed", "8") == 0
     assert max(open_when_read) <= 3  # never more items in memory than rows
+    ran = json.loads((together / "batch-summary.json").read_text())
+    frames = sum(r["frames"] for r in ran["items"])
+    assert ran["batch"] == 3 and frames / 3 <= ran["ticks"] < frames  # rows shared ticks
     assert _batch(batch_model_dir, "--input", str(fdb_tree), "--output", str(alone),
                   "--seed", "8", "--rows", "1") == 0
     for answer in sorted(together.rglob("*output.wav")):

@@ -56,6 +56,9 @@ class BatchSummary:
     items: list[ItemResult]
     wall_seconds: float = 0.0
     interrupted: bool = False
+    batch: int = 1  # the model's rows per tick
+    ticks: int = 0  # lockstep ticks run
+    row_frames: int = 0  # frames stepped, over every tick's rows
     extra: dict = field(default_factory=dict)
 
     def count(self, status: str) -> int:
@@ -72,6 +75,8 @@ class BatchSummary:
                 "counts": {s: self.count(s) for s in statuses},
                 "audio_hours": round(self.audio_seconds / 3600, 6),
                 "times_real_time": round(self.audio_seconds / max(self.wall_seconds, 1e-9), 3),
+                "batch": self.batch, "ticks": self.ticks,
+                "rows_busy": round(self.row_frames / max(self.ticks * self.batch, 1), 4),
                 "items": [asdict(r) for r in self.items]}
 
     def write(self, path: Path) -> None:
@@ -104,15 +109,18 @@ def run_batch(model: Model, items: list[Item], sampling: SamplingParams, persona
     batch). Items whose outputs are all there are skipped unless `overwrite`."""
     rows = rows or model.batch
     results = [ItemResult(i.key, str(i.input), str(i.output)) for i in items]
-    todo: deque[tuple[Item, ItemResult]] = deque()
+    todo = []
     for item, result in zip(items, results):
         if not overwrite and item.finished(codes):
             result.status = "skipped"
         else:
-            todo.append((item, result))
-    summary = BatchSummary(results)
-    progress = progress or BatchProgress(len(todo), sum(_audio_seconds(i.input)
-                                                        for i, _ in todo))
+            todo.append((_audio_seconds(item.input), item, result))
+    # the longest first: the last ticks, which every row's compute pays for however few rows
+    # are left, then step the short items (stable: equal lengths in key order)
+    todo.sort(key=lambda entry: -entry[0])
+    summary = BatchSummary(results, batch=model.batch)
+    progress = progress or BatchProgress(len(todo), sum(seconds for seconds, _, _ in todo))
+    pending = deque((item, result) for _, item, result in todo)
     frame_seconds = model.frame_size / model.sample_rate
     open_items: dict[Conversation, _Open] = {}
     t0 = time.perf_counter()
@@ -160,9 +168,9 @@ def run_batch(model: Model, items: list[Item], sampling: SamplingParams, persona
         progress.item_done()
 
     try:
-        while todo or open_items:
-            while todo and len(open_items) < rows:
-                start(*todo.popleft())
+        while pending or open_items:
+            while pending and len(open_items) < rows:
+                start(*pending.popleft())
             if not open_items:
                 continue
             answers = step_many({conv: e.built.frame(e.next) for conv, e in open_items.items()})
@@ -174,6 +182,8 @@ def run_batch(model: Model, items: list[Item], sampling: SamplingParams, persona
                     del open_items[conv]
                     conv.close()
                     finish(entry)
+            summary.ticks += -(-len(answers) // model.batch)
+            summary.row_frames += len(answers)
             progress.advance(len(answers) * frame_seconds)
     except KeyboardInterrupt:
         summary.interrupted = True
