@@ -56,9 +56,11 @@ def _batch(model_dir, *args) -> int:
     return main(["batch", "--model", str(model_dir), "--device", "cpu", *args])
 
 
+@pytest.mark.parametrize("workers", [["--workers", "1"], ["--workers", "2", "--threads", "1"]],
+                         ids=["one worker", "two workers"])
 def test_a_full_duplex_bench_tree_is_answered_beside_each_input_as_run_answers(
-        demo_model_dir, fdb_tree, tmp_path):
-    assert _batch(demo_model_dir, "--input", str(fdb_tree), "--greedy") == 0
+        demo_model_dir, fdb_tree, tmp_path, workers):
+    assert _batch(demo_model_dir, "--input", str(fdb_tree), "--greedy", *workers) == 0
     inputs = sorted(fdb_tree.rglob("*input.wav"))
     assert len(inputs) == 4
     for source in inputs:
@@ -283,3 +285,33 @@ def test_progress_is_a_bar_on_a_terminal_and_lines_in_a_log(monkeypatch):
     assert last, lines[-1]
     speed, elapsed, left = float(last[1]), int(last[2]), int(last[3])
     assert abs(speed * elapsed - 3600) <= speed and left == elapsed  # half done, steady pace
+
+
+def test_a_real_ctrl_c_with_two_workers_stops_cleanly(demo_model_dir, tmp_path):
+    """SIGINT to the process while two worker threads step items: exit 130, the summary
+    written, each answer there exactly when its item is done, no temporary left."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = tmp_path / "long"
+    for k in range(6):
+        (root / f"s{k}").mkdir(parents=True)
+        sf.write(root / f"s{k}" / "input.wav", _speech(40.0, 24000, k), 24000, subtype="PCM_16")
+    proc = subprocess.Popen([sys.executable, "-m", "personaplex_edge.cli", "batch", "--model",
+                             str(demo_model_dir), "--device", "cpu", "--input", str(root),
+                             "--greedy", "--no-persona", "--workers", "2", "--threads", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not list(root.rglob("output.wav")) and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()[-2000:]
+    summary = json.loads((root / "batch-summary.json").read_text())
+    assert summary["interrupted"] and 1 <= summary["counts"]["done"] < 6
+    for r in summary["items"]:
+        assert os.path.exists(r["output"]) == (r["status"] == "done"), r
+    assert [p.name for p in root.rglob(".*")] == []
+    assert b"Traceback" not in err

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
@@ -104,10 +105,11 @@ def _audio_seconds(path: Path) -> float:
 
 def run_batch(model: Model, items: list[Item], sampling: SamplingParams, persona: Persona, *,
               overwrite: bool = False, codes: bool = False, rows: int | None = None,
-              progress: BatchProgress | None = None) -> BatchSummary:
-    """Answers `items` (module docstring) on `model`, `rows` at a time (default: the model's
-    batch). Items whose outputs are all there are skipped unless `overwrite`."""
-    rows = rows or model.batch
+              workers: int = 1, progress: BatchProgress | None = None) -> BatchSummary:
+    """Answers `items` (module docstring) on `model`: `rows` at a time in lockstep (default:
+    the model's batch), by each of `workers` threads (each with its own rows; on a batch-1
+    model on the CPU, a thread per core beats one item at a time: see the README). Items
+    whose outputs are all there are skipped unless `overwrite`."""
     results = [ItemResult(i.key, str(i.input), str(i.output)) for i in items]
     todo = []
     for item, result in zip(items, results):
@@ -118,14 +120,106 @@ def run_batch(model: Model, items: list[Item], sampling: SamplingParams, persona
     # the longest first: the last ticks, which every row's compute pays for however few rows
     # are left, then step the short items (stable: equal lengths in key order)
     todo.sort(key=lambda entry: -entry[0])
-    summary = BatchSummary(results, batch=model.batch)
-    progress = progress or BatchProgress(len(todo), sum(seconds for seconds, _, _ in todo))
+    run = _Run(model, sampling, persona, codes, BatchSummary(results, batch=model.batch),
+               progress or BatchProgress(len(todo), sum(seconds for seconds, _, _ in todo)))
     pending = deque((item, result) for _, item, result in todo)
-    frame_seconds = model.frame_size / model.sample_rate
-    open_items: dict[Conversation, _Open] = {}
     t0 = time.perf_counter()
+    try:
+        if workers <= 1:
+            run.work(pending, rows or model.batch)
+        else:
+            threads = [threading.Thread(target=run.work, args=(pending, rows or model.batch),
+                                        name=f"personaplex-batch-{k}", daemon=True)
+                       for k in range(workers)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                while t.is_alive():  # joined in slices: Ctrl-C reaches this thread
+                    t.join(0.2)
+    except KeyboardInterrupt:
+        run.interrupt()
+    finally:
+        run.wait_for_workers()
+        run.summary.wall_seconds = time.perf_counter() - t0
+        run.progress.close()
+    if run.error is not None:
+        raise run.error
+    return run.summary
 
-    def start(item: Item, result: ItemResult) -> None:
+
+class _Run:
+    """What the workers of one run share: the model, the flags, the summary and its lock."""
+
+    def __init__(self, model: Model, sampling: SamplingParams, persona: Persona, codes: bool,
+                 summary: BatchSummary, progress: BatchProgress):
+        self.model, self.sampling, self.persona, self.codes = model, sampling, persona, codes
+        self.summary, self.progress = summary, progress
+        self.frame_seconds = model.frame_size / model.sample_rate
+        self.lock = threading.Lock()  # the summary's counters and the progress display
+        self.stop = threading.Event()  # Ctrl-C: every worker leaves between two ticks
+        self.error: BaseException | None = None
+        self._busy = 0
+        self._idle = threading.Condition(self.lock)
+
+    def work(self, pending: deque, rows: int) -> None:
+        """One worker: items from `pending` onto its rows, a tick at a time, until none is
+        left or the run stops (its open items then marked interrupted)."""
+        open_items: dict[Conversation, _Open] = {}
+        with self.lock:
+            self._busy += 1
+        try:
+            while not self.stop.is_set():
+                while len(open_items) < rows:
+                    try:
+                        entry = self.start(*pending.popleft())
+                    except IndexError:
+                        break
+                    if entry is not None:
+                        open_items[entry.conv] = entry
+                if not open_items:
+                    return
+                self.tick(open_items)
+        except KeyboardInterrupt:  # Ctrl-C in this thread (the only worker): the run stops
+            self.interrupt()
+        except BaseException as e:  # noqa: BLE001 - raised again by the main thread
+            self.stop.set()
+            self.error = e
+        finally:
+            for entry in open_items.values():
+                entry.result.status = "interrupted"
+                entry.conv.close()
+            with self.lock:
+                self._busy -= 1
+                self._idle.notify_all()
+
+    def interrupt(self) -> None:
+        self.summary.interrupted = True
+        self.stop.set()
+
+    def wait_for_workers(self) -> None:
+        with self.lock:
+            while self._busy:
+                self._idle.wait()
+
+    def tick(self, open_items: dict[Conversation, _Open]) -> None:
+        answers = step_many({conv: e.built.frame(e.next) for conv, e in open_items.items()})
+        for conv, (pcm, token) in answers.items():
+            entry = open_items[conv]
+            entry.built.add(entry.next, pcm, token, conv.last_frame)
+            entry.next += 1
+            if entry.next == entry.built.frames:
+                del open_items[conv]
+                conv.close()
+                self.finish(entry)
+        with self.lock:
+            self.summary.ticks += -(-len(answers) // self.model.batch)
+            self.summary.row_frames += len(answers)
+            self.progress.advance(len(answers) * self.frame_seconds)
+
+    def start(self, item: Item, result: ItemResult) -> _Open | None:
+        """The item's recording read and its conversation open with its persona run; None
+        (and the item failed) where either is refused."""
+        model, sampling, persona = self.model, self.sampling, self.persona
         try:
             pcm = read_audio(item.input, model.sample_rate)
             conv = model.open_conversation(
@@ -133,28 +227,33 @@ def run_batch(model: Model, items: list[Item], sampling: SamplingParams, persona
                 Persona(text_prompt=item.own("text_prompt", persona.text_prompt),
                         voice=item.own("voice", persona.voice), enabled=persona.enabled))
         except PersonaPlexError as e:
-            fail(result, e)
-            return
+            self.fail(result, e)
+            return None
         try:
             conv.prefill()
-        except PersonaPlexError as e:
+        except BaseException as e:
             conv.close()
-            fail(result, e)
-            return
-        built = ResponseBuilder(pcm, model.frame_size, model.text, keep_codes=codes)
+            if not isinstance(e, PersonaPlexError):
+                raise
+            self.fail(result, e)
+            return None
+        built = ResponseBuilder(pcm, model.frame_size, model.text, keep_codes=self.codes)
         result.frames, result.seconds = built.frames, pcm.shape[0] / model.sample_rate
-        open_items[conv] = _Open(item, result, conv, built)
+        return _Open(item, result, conv, built)
 
-    def fail(result: ItemResult, error: Exception) -> None:
+    def fail(self, result: ItemResult, error: Exception) -> None:
         result.status, result.error = "failed", str(error)
-        progress.say(f"{result.key}: failed: {error}")
-        progress.item_done()
+        with self.lock:
+            self.progress.say(f"{result.key}: failed: {error}")
+            self.progress.item_done()
 
-    def finish(entry: _Open) -> None:
-        item, built = entry.item, entry.built
+    def finish(self, entry: _Open) -> None:
+        """The item's outputs, each atomically: codes, text, then the answer (which marks the
+        item finished for a rerun)."""
+        item, built, model = entry.item, entry.built, self.model
         response = built.response()
         try:
-            if codes:
+            if self.codes:
                 agent, text = built.codes()
                 AgentCodes(agent, text, built.samples, model.sample_rate,
                            model.frame_size).save(item.codes)
@@ -162,35 +261,8 @@ def run_batch(model: Model, items: list[Item], sampling: SamplingParams, persona
                 write_records(item.text, response.records)
             write_audio(item.output, response.pcm, model.sample_rate)
         except OSError as e:
-            fail(entry.result, PersonaPlexError(f"cannot write {item.output}: {e}"))
+            self.fail(entry.result, PersonaPlexError(f"cannot write {item.output}: {e}"))
             return
         entry.result.status = "done"
-        progress.item_done()
-
-    try:
-        while pending or open_items:
-            while pending and len(open_items) < rows:
-                start(*pending.popleft())
-            if not open_items:
-                continue
-            answers = step_many({conv: e.built.frame(e.next) for conv, e in open_items.items()})
-            for conv, (pcm, token) in answers.items():
-                entry = open_items[conv]
-                entry.built.add(entry.next, pcm, token, conv.last_frame)
-                entry.next += 1
-                if entry.next == entry.built.frames:
-                    del open_items[conv]
-                    conv.close()
-                    finish(entry)
-            summary.ticks += -(-len(answers) // model.batch)
-            summary.row_frames += len(answers)
-            progress.advance(len(answers) * frame_seconds)
-    except KeyboardInterrupt:
-        summary.interrupted = True
-        for entry in open_items.values():
-            entry.result.status = "interrupted"
-            entry.conv.close()
-    finally:
-        summary.wall_seconds = time.perf_counter() - t0
-        progress.close()
-    return summary
+        with self.lock:
+            self.progress.item_done()
