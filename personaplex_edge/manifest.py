@@ -7,7 +7,9 @@ State travels as graph input `past.<name>` and comes back as output `present.<na
 
 The runtime calls `load_model_dir` before it runs anything: a missing file, a hash that disagrees,
 a manifest of another format version or a state spec that disagrees with the graph's own inputs is
-a `ModelDirError` naming the fix, never a crash mid-conversation.
+a `ModelDirError` naming the fix, never a crash mid-conversation. Which files were hashed is
+remembered in the per-user cache (user_cache.py), never in the model directory, which may be a
+hub snapshot or read-only.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .config import PersonaPlexConfig
 from .contract import (CODEC_GRAPHS, KV_INPUT_PREFIX, KV_OUTPUT_PREFIX, POSITION,
                        state_input, state_output)
 from .errors import ConfigError, ModelDirError
+from .user_cache import user_cache_dir
 
 FORMAT = "personaplex-edge-model"
 # 2: helium_step takes F frames per call (tokens [B, F, 17]) and configs are in the seed's
@@ -32,9 +35,6 @@ FORMAT = "personaplex-edge-model"
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
-# Remembers which files were hashed at which size and mtime, so a 16 GB model is hashed once,
-# not at every start. Deleting it forces a full check.
-_VERIFIED_STAMP = ".verified.json"
 
 _CAPABILITIES = {"lm": "language model a conversation needs (export from a checkpoint with "
                        "model.safetensors, without --codec-only)",
@@ -242,11 +242,37 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
 HASH_REPORT_BYTES = 512 << 20
 
 
-def _verify_files(model_dir: Path, expected: dict[str, str],
-                  progress: Callable[[str], None] | None = None) -> None:
-    stamp_path = model_dir / _VERIFIED_STAMP
+def stamp_path(manifest_sha256: str) -> Path:
+    """Where the hash stamps of a model live: keyed by its manifest's sha256, so a directory
+    keeps them when it is renamed (an export's stage becoming the model) and a re-export
+    starts afresh."""
+    return user_cache_dir("verified", f"{manifest_sha256}.json")
+
+
+def _stamp_key(st, digest: str) -> list:
+    """A file as last hashed: size, mtime and inode (a copy of the directory is another file
+    and is hashed in its turn), and the digest it then had."""
+    return [st.st_size, st.st_mtime_ns, st.st_ino, digest]
+
+
+class HashMismatch(ModelDirError):
+    """A model file whose bytes disagree with its sha256 in the manifest."""
+
+    def __init__(self, model_dir: Path, rel: str, expected: str, actual: str, fix: str):
+        super().__init__(f"{model_dir}: '{rel}' does not match its sha256 in {MANIFEST} "
+                         f"(expected {expected[:12]}..., found {actual[:12]}...): the file was "
+                         f"changed or corrupted; {fix}")
+        self.file = rel
+
+
+def _verify_files(model_dir: Path, expected: dict[str, str], stamps_at: Path,
+                  progress: Callable[[str], None] | None = None,
+                  fix: str = "export the model again") -> None:
+    """Hashes the files of `expected` not hashed since they last changed, remembering them in
+    `stamps_at` (Remembering is best effort: a cache that cannot be written means hashing
+    again next time, not an error)."""
     try:
-        stamps = json.loads(stamp_path.read_text())
+        stamps = json.loads(stamps_at.read_text())
     except (OSError, json.JSONDecodeError):
         stamps = {}
     todo = []  # (rel, digest, stamp key) of the files not verified since they last changed
@@ -255,34 +281,48 @@ def _verify_files(model_dir: Path, expected: dict[str, str],
         if not path.is_file():
             raise ModelDirError(f"{model_dir}: '{rel}' named in {MANIFEST} is missing; the "
                                 "directory is incomplete, export it again")
-        st = path.stat()
-        key = [st.st_size, st.st_mtime_ns, digest]
+        key = _stamp_key(path.stat(), digest)
         if stamps.get(rel) != key:
             todo.append((rel, digest, key))
     total = sum(key[0] for _, _, key in todo)
     if progress is not None and total >= HASH_REPORT_BYTES:
         progress(f"checking {total / 1e9:.1f} GB of model files against their sha256 in "
-                 f"{MANIFEST} (once: remembered in {_VERIFIED_STAMP})")
+                 f"{MANIFEST} (once: remembered in {stamps_at.parent})")
     for rel, digest, key in todo:
         actual = sha256_file(model_dir / rel)
         if actual != digest:
-            raise ModelDirError(
-                f"{model_dir}: '{rel}' does not match its sha256 in {MANIFEST} (expected "
-                f"{digest[:12]}..., found {actual[:12]}...): the file was changed or corrupted; "
-                "export the model again")
+            raise HashMismatch(model_dir, rel, digest, actual, fix)
         stamps[rel] = key
     if todo:
         try:
-            write_text_atomic(stamp_path, json.dumps(stamps))
+            write_text_atomic(stamps_at, json.dumps(stamps))
         except OSError:
-            pass  # a read-only model directory is fine: it is hashed again next time
+            pass
+
+
+def expected_files(manifest: Manifest) -> dict[str, str]:
+    """Every file the manifest names, with its sha256: graphs, their weights, engines, the
+    tokenizer and the voice bank."""
+    files: dict[str, str] = dict(manifest.files)
+    for g in manifest.graphs.values():
+        files[g.file] = g.sha256
+        files.update(g.data_files)
+        if g.engine:
+            files[g.engine["file"]] = g.engine["sha256"]
+    return files
+
+
+def manifest_sha256(model_dir: str | Path) -> str:
+    """The sha256 of a model directory's manifest.json: the model's identity in the caches."""
+    return hashlib.sha256((Path(model_dir) / MANIFEST).read_bytes()).hexdigest()
 
 
 def load_model_dir(model_dir: str | Path, need: str | None = None,
-                   progress: Callable[[str], None] | None = None) -> Manifest:
+                   progress: Callable[[str], None] | None = None,
+                   fix: str = "export the model again") -> Manifest:
     """Reads and checks a model directory; `need` names a capability it must have. Files are
     hashed the first time (reported through `progress` when that is a long read) and after any
-    change of size or mtime."""
+    change of size, mtime or inode. `fix` ends the message of a file whose hash disagrees."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ModelDirError(f"model directory {model_dir} does not exist; create one with "
@@ -292,8 +332,9 @@ def load_model_dir(model_dir: str | Path, need: str | None = None,
         raise ModelDirError(f"{model_dir} has no {MANIFEST}: it is not an exported model (or "
                             "its export did not finish); run 'personaplex-edge export' again")
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        raw = path.read_bytes()
+        data = json.loads(raw)
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ModelDirError(f"cannot read {path}: {e}") from e
     if not isinstance(data, dict):
         raise ModelDirError(f"{path} is not a personaplex-edge model manifest")
@@ -301,13 +342,13 @@ def load_model_dir(model_dir: str | Path, need: str | None = None,
     if need is not None and need not in manifest.contents:
         raise ModelDirError(f"{model_dir} holds only the {' and '.join(manifest.contents)}, "
                             f"not the {_CAPABILITIES.get(need, need)}")
-    files: dict[str, str] = dict(manifest.files)
-    for g in manifest.graphs.values():
-        files[g.file] = g.sha256
-        files.update(g.data_files)
-        if g.engine:
-            files[g.engine["file"]] = g.engine["sha256"]
-    _verify_files(model_dir, files, progress)
+    files = expected_files(manifest)
+    outside = sorted(rel for rel in files if Path(rel).is_absolute() or ".." in Path(rel).parts)
+    if outside:  # a manifest from elsewhere (a hub repository) names only its own files
+        raise ModelDirError(f"{path} names files outside its directory ({', '.join(outside)}); "
+                            "it is not a model this runtime exported")
+    _verify_files(model_dir, files,
+                  stamp_path(hashlib.sha256(raw).hexdigest()), progress, fix)
     return manifest
 
 

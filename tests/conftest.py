@@ -8,6 +8,11 @@ import os
 os.environ.setdefault("NO_TORCH_COMPILE", "1")
 
 import sys  # noqa: E402
+import tempfile  # noqa: E402
+
+# the per-user cache (hash stamps, engines built on first use) of this test session: never the
+# home directory's; a test that needs its own sets PERSONAPLEX_CACHE itself
+os.environ["PERSONAPLEX_CACHE"] = tempfile.mkdtemp(prefix="personaplex-cache-")
 from pathlib import Path  # noqa: E402
 
 # benchmarks/ holds drivers the tests share with the benchmarks (lm_probe, soak)

@@ -497,7 +497,7 @@ def test_simulated_gpu_gpu_check_stages(simulated, tmp_path, monkeypatch):
     import importlib.util
 
     model, _ = simulated
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("PERSONAPLEX_CACHE", str(tmp_path / "cache"))
     path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
     spec = importlib.util.spec_from_file_location("gpu_check_under_test", path)
     gpu_check = importlib.util.module_from_spec(spec)

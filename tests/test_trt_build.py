@@ -31,15 +31,15 @@ def simulated(tiny_fp32, tmp_path, monkeypatch):
     timing caches in tmp_path."""
     import fake_gpu
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("PERSONAPLEX_CACHE", str(tmp_path / "cache"))
     return fake_gpu.simulated_copy(tiny_fp32, tmp_path / "model", monkeypatch)
 
 
 def _tree(path: Path) -> dict[str, bytes]:
-    """Every file's bytes, but the hash stamps (.verified.json: a cache that checking a
-    directory refreshes)."""
+    """Every file's bytes (checking a directory writes nothing into it: its hash stamps go to
+    the per-user cache)."""
     return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
-            if p.is_file() and p.name != ".verified.json"}
+            if p.is_file()}
 
 
 def test_simulated_gpu_engine_build_calls_and_record(simulated, tmp_path):
@@ -105,7 +105,7 @@ def test_simulated_gpu_engines_are_built_at_each_graph_own_precision(tiny_fp32, 
                       depformer_precision="int8")
     fake_gpu.install(monkeypatch, model)
     trt = sys.modules["tensorrt"]
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("PERSONAPLEX_CACHE", str(tmp_path / "cache"))
     manifest = build_engines(model, progress=lambda s: None)
     built = {name: g.engine["precision"] for name, g in manifest.graphs.items()}
     assert built == {"mimi_encoder": "fp32", "mimi_decoder": "fp32", "helium_step": "fp16",
@@ -137,7 +137,7 @@ def test_simulated_gpu_build_output_says_kept_or_folded(tiny_fp32, tmp_path, mon
     model = tmp_path / "int8"
     convert_model_dir(tiny_fp32, model, "int8", backend="tensorrt", progress=lambda s: None)
     fake_gpu.install(monkeypatch, model)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("PERSONAPLEX_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(trt_build, "_VERDICT_MIN_BYTES", 0)  # the tiny model's weights are KB
     trt = sys.modules["tensorrt"]
     weights = trt_build.graph_weight_bytes(model / "depformer_step.onnx")

@@ -36,6 +36,7 @@ from personaplex_edge.atomic import staged_dir
 from personaplex_edge.contract import EngineSpec
 from personaplex_edge.errors import PersonaPlexError
 from personaplex_edge.manifest import Manifest, load_model_dir, sha256_file, write_manifest
+from personaplex_edge.user_cache import user_cache_dir
 
 Progress = Callable[[str], None]
 # fp8 tensor cores: Ada (8.9) and Hopper (9.0) and newer; Orin (8.7) has none
@@ -84,10 +85,9 @@ def _device():
 
 
 def default_timing_cache(trt_version: str, compute_capability: str) -> Path:
-    """~/.cache/personaplex-edge/tensorrt/timing-sm<cc>-trt<version>.cache"""
-    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return (root / "personaplex-edge" / "tensorrt"
-            / f"timing-sm{compute_capability.replace('.', '')}-trt{trt_version}.cache")
+    """<user cache>/tensorrt/timing-sm<cc>-trt<version>.cache (user_cache.py)"""
+    return user_cache_dir("tensorrt",
+                          f"timing-sm{compute_capability.replace('.', '')}-trt{trt_version}.cache")
 
 
 def _graph_proto(path: Path):
@@ -309,8 +309,7 @@ def rebuild_engines(model_dir: str | Path, graphs: list[str] | None = None,
     through a staging copy of it: the directory changes in one rename when every engine is
     built, and a failure part-way leaves its old engines and manifest as they were."""
     model_dir = Path(model_dir)
-    # checked first, so that its errors name this directory (the check refreshes only its
-    # hash stamps, .verified.json, a cache)
+    # checked first, so that its errors name this directory
     manifest = load_model_dir(model_dir, progress=progress)
     with staged_dir(model_dir, progress=progress, seed_from=model_dir) as stage:
         manifest = build_engines(stage, manifest, graphs, timing_cache, workspace_bytes,
