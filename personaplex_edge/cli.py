@@ -10,69 +10,23 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from . import __version__
-from .config import PRESETS
 from .contract import BACKENDS, PRECISIONS
-from .errors import ModelDirError, PersonaPlexError
+from .errors import PersonaPlexError
+from .model_ref import need_export_extra as _need_export_extra
+from .model_ref import resolve_model  # noqa: F401  (scripts and benchmarks import it from here)
 
-BUILTIN_DIR = Path("models")  # where built-in models are exported on first use (cwd-relative)
 PRECISION_CHOICES = PRECISIONS  # from the contract: building the parser needs no export extra
+MODEL_HELP = ("model directory, an exported model on the Hugging Face hub (OWNER/NAME"
+              "[@REVISION]), or a built-in model name (demo, tiny)")
 
 
 def _note(message: str) -> None:
     """Progress beside a command's own output on stdout (codes, a transcript)."""
     print(message, file=sys.stderr)
-
-
-def _need_export_extra():
-    try:
-        import torch  # noqa: F401
-        import onnx  # noqa: F401
-    except ImportError as e:
-        raise PersonaPlexError(
-            f"exporting needs the export extra ({e.name} is missing): pip install "
-            "'personaplex-edge[export,cpu]' (install the torch build you want first)") from None
-    try:
-        import onnxruntime  # noqa: F401  (each graph is checked in it against torch)
-    except ImportError:
-        raise PersonaPlexError(
-            "exporting checks each graph in onnxruntime, which is not installed: pip install "
-            "'personaplex-edge[cpu]' (or [gpu] on a CUDA machine; never both)") from None
-    from . import export
-
-    return export
-
-
-def resolve_model(spec: str, progress=print) -> Path:
-    """A model directory, or the name of a built-in model (random weights, exported on first use
-    into models/NAME and reused after)."""
-    path = Path(spec).expanduser()
-    builtin = [name for name in PRESETS if name != "personaplex-7b-v1"]
-    if path.is_dir():
-        return path
-    if spec not in builtin:
-        raise ModelDirError(f"model directory {spec} does not exist; export one with "
-                            "'personaplex-edge export --checkpoint ... --out DIR', or use a "
-                            f"built-in model: {', '.join(builtin)}")
-    target = BUILTIN_DIR / spec
-    if (target / "manifest.json").is_file():
-        return target
-    _need_export_extra()
-    from .config import preset
-    from .export.hub import resolve_checkpoint
-    from .export.model_export import export_model
-    from .export.synthetic import write_synthetic_checkpoint
-
-    progress(f"first use of the built-in '{spec}' model (random weights; it babbles): "
-             f"exporting it to {target}")
-    with tempfile.TemporaryDirectory() as tmp:
-        write_synthetic_checkpoint(preset(spec), tmp)
-        export_model(resolve_checkpoint(tmp), target, progress=progress)
-    return target
 
 
 def cmd_export(args) -> int:
@@ -374,7 +328,7 @@ def _add_conversation_args(p: argparse.ArgumentParser, model_default: str | None
     from .runtime.persona import DEFAULT_TEXT_PROMPT
 
     p.add_argument("--model", default=model_default, required=model_default is None,
-                   help="model directory, or a built-in model name (tiny)")
+                   help=MODEL_HELP)
     p.add_argument("--text-prompt", default=DEFAULT_TEXT_PROMPT, help="the persona's role")
     p.add_argument("--voice-prompt", default=None,
                    help="a voice of the model's bank (e.g. NATF2) or an audio file to imitate")
@@ -442,8 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_engines)
 
     c = sub.add_parser("codec", help="encode a file to Mimi codes and decode it back")
-    c.add_argument("--model", required=True,
-                   help="model directory, or a built-in model name (tiny)")
+    c.add_argument("--model", required=True, help=MODEL_HELP)
     c.add_argument("--input", required=True, help="audio file (any rate, mono or stereo)")
     c.add_argument("--codes-out", help="write codes here as int64 .npy [frames, 8]")
     c.add_argument("--output", help="write the reconstruction here (24 kHz mono wav)")

@@ -258,16 +258,15 @@ def _stamp_key(st, digest: str) -> list:
 class HashMismatch(ModelDirError):
     """A model file whose bytes disagree with its sha256 in the manifest."""
 
-    def __init__(self, model_dir: Path, rel: str, expected: str, actual: str, fix: str):
+    def __init__(self, model_dir: Path, rel: str, expected: str, actual: str):
         super().__init__(f"{model_dir}: '{rel}' does not match its sha256 in {MANIFEST} "
                          f"(expected {expected[:12]}..., found {actual[:12]}...): the file was "
-                         f"changed or corrupted; {fix}")
+                         "changed or corrupted; export the model again")
         self.file = rel
 
 
 def _verify_files(model_dir: Path, expected: dict[str, str], stamps_at: Path,
-                  progress: Callable[[str], None] | None = None,
-                  fix: str = "export the model again") -> None:
+                  progress: Callable[[str], None] | None = None) -> None:
     """Hashes the files of `expected` not hashed since they last changed, remembering them in
     `stamps_at` (Remembering is best effort: a cache that cannot be written means hashing
     again next time, not an error)."""
@@ -291,7 +290,7 @@ def _verify_files(model_dir: Path, expected: dict[str, str], stamps_at: Path,
     for rel, digest, key in todo:
         actual = sha256_file(model_dir / rel)
         if actual != digest:
-            raise HashMismatch(model_dir, rel, digest, actual, fix)
+            raise HashMismatch(model_dir, rel, digest, actual)
         stamps[rel] = key
     if todo:
         try:
@@ -300,15 +299,20 @@ def _verify_files(model_dir: Path, expected: dict[str, str], stamps_at: Path,
             pass
 
 
-def expected_files(manifest: Manifest) -> dict[str, str]:
-    """Every file the manifest names, with its sha256: graphs, their weights, engines, the
-    tokenizer and the voice bank."""
+def expected_files(manifest: Manifest, where: str | Path = MANIFEST) -> dict[str, str]:
+    """Every file the manifest (read from `where`) names, with its sha256: graphs, their
+    weights, engines, the tokenizer and the voice bank. Each must lie inside the directory:
+    a manifest may come from a hub repository of anyone's."""
     files: dict[str, str] = dict(manifest.files)
     for g in manifest.graphs.values():
         files[g.file] = g.sha256
         files.update(g.data_files)
         if g.engine:
             files[g.engine["file"]] = g.engine["sha256"]
+    outside = sorted(rel for rel in files if Path(rel).is_absolute() or ".." in Path(rel).parts)
+    if outside:
+        raise ModelDirError(f"{where} names files outside its directory ({', '.join(outside)}); "
+                            "it is not a model this runtime exported")
     return files
 
 
@@ -317,12 +321,23 @@ def manifest_sha256(model_dir: str | Path) -> str:
     return hashlib.sha256((Path(model_dir) / MANIFEST).read_bytes()).hexdigest()
 
 
+def read_manifest(path: Path) -> tuple[Manifest, bytes]:
+    """The manifest at `path`, and its bytes (whose sha256 is the model's identity)."""
+    try:
+        raw = path.read_bytes()
+        data = json.loads(raw)
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelDirError(f"cannot read {path}: {e}") from e
+    if not isinstance(data, dict):
+        raise ModelDirError(f"{path} is not a personaplex-edge model manifest")
+    return Manifest.from_dict(data, str(path)), raw
+
+
 def load_model_dir(model_dir: str | Path, need: str | None = None,
-                   progress: Callable[[str], None] | None = None,
-                   fix: str = "export the model again") -> Manifest:
+                   progress: Callable[[str], None] | None = None) -> Manifest:
     """Reads and checks a model directory; `need` names a capability it must have. Files are
     hashed the first time (reported through `progress` when that is a long read) and after any
-    change of size, mtime or inode. `fix` ends the message of a file whose hash disagrees."""
+    change of size, mtime or inode."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ModelDirError(f"model directory {model_dir} does not exist; create one with "
@@ -331,24 +346,12 @@ def load_model_dir(model_dir: str | Path, need: str | None = None,
     if not path.is_file():
         raise ModelDirError(f"{model_dir} has no {MANIFEST}: it is not an exported model (or "
                             "its export did not finish); run 'personaplex-edge export' again")
-    try:
-        raw = path.read_bytes()
-        data = json.loads(raw)
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ModelDirError(f"cannot read {path}: {e}") from e
-    if not isinstance(data, dict):
-        raise ModelDirError(f"{path} is not a personaplex-edge model manifest")
-    manifest = Manifest.from_dict(data, str(path))
+    manifest, raw = read_manifest(path)
     if need is not None and need not in manifest.contents:
         raise ModelDirError(f"{model_dir} holds only the {' and '.join(manifest.contents)}, "
                             f"not the {_CAPABILITIES.get(need, need)}")
-    files = expected_files(manifest)
-    outside = sorted(rel for rel in files if Path(rel).is_absolute() or ".." in Path(rel).parts)
-    if outside:  # a manifest from elsewhere (a hub repository) names only its own files
-        raise ModelDirError(f"{path} names files outside its directory ({', '.join(outside)}); "
-                            "it is not a model this runtime exported")
-    _verify_files(model_dir, files,
-                  stamp_path(hashlib.sha256(raw).hexdigest()), progress, fix)
+    _verify_files(model_dir, expected_files(manifest, path),
+                  stamp_path(hashlib.sha256(raw).hexdigest()), progress)
     return manifest
 
 
