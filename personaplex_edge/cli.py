@@ -59,12 +59,15 @@ def cmd_export(args) -> int:
 
 def cmd_engines(args) -> int:
     """Builds (or rebuilds) the TensorRT engines of a model directory for this machine's GPU,
-    through a staging copy: a failure leaves the old engines and manifest as they were."""
+    through a staging copy: a failure leaves the old engines and manifest as they were. A
+    directory that may not be written (a hub snapshot, a read-only copy) gets them in the
+    per-user cache instead."""
     from .runtime.backends.trt_build import rebuild_engines
 
     t0 = time.perf_counter()
     graphs = [g.strip() for g in args.graphs.split(",") if g.strip()] if args.graphs else None
-    manifest = rebuild_engines(args.model, graphs=graphs, timing_cache=args.timing_cache,
+    model_dir = resolve_model(args.model, print)
+    manifest = rebuild_engines(model_dir, graphs=graphs, timing_cache=args.timing_cache,
                                workspace_bytes=int(args.workspace_gb * 2**30)
                                if args.workspace_gb else None)
     built = [n for n, g in manifest.graphs.items() if g.engine and (not graphs or n in graphs)]
@@ -387,8 +390,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("engines", help="build (or rebuild) the TensorRT engines of a model "
                                        "directory for this machine's GPU")
-    g.add_argument("--model", required=True, help="a model directory exported with "
-                                                  "--backend tensorrt")
+    g.add_argument("--model", required=True,
+                   help="a model exported with --backend tensorrt: a directory or a hub id "
+                        "(OWNER/NAME[@REVISION]); engines go into the directory, or into "
+                        "~/.cache/personaplex-edge where it is read-only")
     g.add_argument("--graphs", help="comma-separated graph names (default: all)")
     g.add_argument("--timing-cache", type=Path, help="TensorRT timing cache file (default: "
                    "~/.cache/personaplex-edge/tensorrt/, one per GPU type and TensorRT version)")

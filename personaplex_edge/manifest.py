@@ -265,7 +265,7 @@ class HashMismatch(ModelDirError):
         self.file = rel
 
 
-def _verify_files(model_dir: Path, expected: dict[str, str], stamps_at: Path,
+def verify_files(model_dir: Path, expected: dict[str, str], stamps_at: Path,
                   progress: Callable[[str], None] | None = None) -> None:
     """Hashes the files of `expected` not hashed since they last changed, remembering them in
     `stamps_at` (Remembering is best effort: a cache that cannot be written means hashing
@@ -350,7 +350,7 @@ def load_model_dir(model_dir: str | Path, need: str | None = None,
     if need is not None and need not in manifest.contents:
         raise ModelDirError(f"{model_dir} holds only the {' and '.join(manifest.contents)}, "
                             f"not the {_CAPABILITIES.get(need, need)}")
-    _verify_files(model_dir, expected_files(manifest, path),
+    verify_files(model_dir, expected_files(manifest, path),
                   stamp_path(hashlib.sha256(raw).hexdigest()), progress)
     return manifest
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from dir_state import tree_state
 
 from personaplex_edge import manifest as manifest_mod
 from personaplex_edge.cli import main
@@ -25,17 +26,6 @@ HELLO = Path(__file__).resolve().parents[1] / "personaplex_edge" / "data" / "hel
 def _files(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes()
             for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def _state(folder: Path) -> dict[str, tuple]:
-    """Everything under `folder` as it stands: each entry's kind, mtime and content hash."""
-    out = {}
-    for p in sorted(folder.rglob("*")):
-        st = p.lstat()
-        content = (os.readlink(p) if p.is_symlink() else
-                   hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir")
-        out[str(p.relative_to(folder))] = (st.st_mode, st.st_mtime_ns, content)
-    return out
 
 
 def hub_cache_of(model_dir: Path, hub_cache: Path, repo: str, commit: str) -> Path:
@@ -67,7 +57,7 @@ def test_a_cached_model_runs_by_id_offline_as_its_directory_and_its_snapshot_is_
     commit = "0123456789abcdef0123456789abcdef01234567"
     hub_cache_of(tiny_codec_dir, hub_cache, "someone/tiny-codec", commit)
     repo_folder = hub_cache / "models--someone--tiny-codec"
-    before = _state(repo_folder)
+    before = tree_state(repo_folder)
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"),
                HF_HUB_CACHE=str(hub_cache), PERSONAPLEX_CACHE=str(tmp_path / "user-cache"))
 
@@ -81,7 +71,7 @@ def test_a_cached_model_runs_by_id_offline_as_its_directory_and_its_snapshot_is_
         done = codec("someone/tiny-codec", tmp_path / f"id{run}.npy")
         assert done.returncode == 0, done.stderr
         np.testing.assert_array_equal(np.load(tmp_path / f"id{run}.npy"), by_dir)
-    assert _state(repo_folder) == before  # nothing written into (or beside) the snapshot
+    assert tree_state(repo_folder) == before  # nothing written into (or beside) the snapshot
     assert list((tmp_path / "user-cache" / "verified").glob("*.json"))  # the stamp went here
 
     done = codec("someone/not-cached", tmp_path / "x.npy")
