@@ -399,7 +399,7 @@ def _streamed_parts(cfg: PersonaPlexConfig) -> tuple[list[str], list[str]]:
     return helium, depformer
 
 
-def _jobs(cfg: PersonaPlexConfig, batch: int, k_max: int):
+def lm_jobs(cfg: PersonaPlexConfig, batch: int, k_max: int = DEFAULT_K_MAX):
     """(name, module, step, input specs, output names, plans, streamed) per LM graph."""
     helium, depformer = placeholder_lm(cfg)
     h_streamed, d_streamed = _streamed_parts(cfg)
@@ -465,14 +465,29 @@ def _export_graph(job, header: SafetensorsHeader, out_dir: Path, cfg: PersonaPle
                         outputs, [], path, weights=weights,
                         dynamic_axes=frames_axes(cfg) if name == HELIUM_STEP else None)
     if check:
-        def checked(*args):
-            with streamed_weights(owner, plans, header, streamed):
-                return fn(*args[:-1]), {}
-
-        for frames in _frame_counts(name):
-            verify_step(path, checked, example_inputs(with_frames(specs, frames), cfg), outputs,
-                        low_memory=True)
+        entry.check = check_lm_graph(path, job, header, cfg)
     return entry
+
+
+def check_lm_graph(path: Path, job, header: SafetensorsHeader, cfg: PersonaPlexConfig,
+                   atol: float | None = 1e-4) -> dict:
+    """The export's check of an LM graph written at `path`: run in onnxruntime beside the
+    torch module of `job` (lm_jobs) with the checkpoint's weights streamed in, live (1 frame)
+    and as a prefill (3 frames), on the seeded example inputs. Returns the record of what it
+    measured (GraphEntry.check); raises ExportMismatch beyond `atol`."""
+    name, owner, fn, specs, outputs, plans, streamed = job
+
+    def checked(*args):
+        with streamed_weights(owner, plans, header, streamed):
+            return fn(*args[:-1]), {}
+
+    measured: dict[str, float] = {}
+    for frames in _frame_counts(name):
+        figures = verify_step(path, checked, example_inputs(with_frames(specs, frames), cfg),
+                              outputs, low_memory=True, atol=atol)
+        for output, value in figures.items():
+            measured[output] = max(measured.get(output, 0.0), value)
+    return {"how": "full", "calls": len(_frame_counts(name)), "outputs": measured}
 
 
 def spot_check_weights(path: str | Path, plans: dict[str, WeightPlan],
@@ -536,7 +551,7 @@ def export_lm_graphs_frugal(cfg: PersonaPlexConfig, checkpoint_path: str | Path,
     header = SafetensorsHeader(checkpoint_path, rename=_canonical_key)
     header.check_complete()
     entries = {}
-    for job in _jobs(cfg, batch, k_max):
+    for job in lm_jobs(cfg, batch, k_max):
         name, _, _, specs, _, plans, streamed = job
         check = mode
         if mode == "auto":
@@ -551,12 +566,14 @@ def export_lm_graphs_frugal(cfg: PersonaPlexConfig, checkpoint_path: str | Path,
             progress(f"  {name}.onnx: checked in onnxruntime against torch")
         elif check == "reduced":
             probe_cfg = _probe_config(cfg)
-            probe = next(j for j in _jobs(probe_cfg, batch, k_max) if j[0] == name)
+            probe = next(j for j in lm_jobs(probe_cfg, batch, k_max) if j[0] == name)
             probe_dir = out_dir / f".probe_{name}"
             probe_dir.mkdir()
-            _export_graph(probe, header, probe_dir, probe_cfg, True, lambda s: None)
+            probed = _export_graph(probe, header, probe_dir, probe_cfg, True, lambda s: None)
             shutil.rmtree(probe_dir)
             rows = spot_check_weights(out_dir / entries[name].file, plans, header)
+            entries[name].check = {**probed.check, "how": "one-layer probe",
+                                   "weight_rows_compared": rows}
             progress(f"  {name}.onnx: one-layer probe checked in onnxruntime against torch, "
                      f"{rows} weight rows spot-checked")
     return entries

@@ -210,8 +210,10 @@ class HeliumConfig:
     attention_bias: bool = False
     mlp_bias: bool = False
     # the seed's HeliumConfig beyond its documented fields
-    vocab_size: int | None = None  # text_linear's rows; None: PersonaPlexConfig.text_vocab_size
-    sliding_window: int | None = None  # None: max_position_embeddings (the ring is the window)
+    # None: what the model is (not written back as a number, so that a config edited through
+    # to_dict() stays consistent): text_vocab_size, and the context
+    vocab_size: int | None = None  # text_linear's rows
+    sliding_window: int | None = None  # the KV ring is the window
     tie_word_embeddings: bool = False  # text_linear is its own weight, not text_emb's
     use_cache: bool = True  # the KV ring is always there; either value computes the same
 
@@ -223,9 +225,7 @@ class HeliumConfig:
                 and self.num_attention_heads > 0:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
         _check_transformer(self, where)
-        if self.sliding_window is None:
-            object.__setattr__(self, "sliding_window", self.max_position_embeddings)
-        if self.sliding_window != self.max_position_embeddings:
+        if self.sliding_window not in (None, self.max_position_embeddings):
             # one query per step over a ring of the context's size is an exact sliding window
             # of that size; another window would need another mask (and persona prefill)
             _refuse(where, "sliding_window", self.sliding_window,
@@ -305,10 +305,7 @@ class PersonaPlexConfig:
                                dataclasses.replace(self.mimi_config, mimi_name=self.mimi_name))
         object.__setattr__(self, "mimi_name", self.mimi_config.mimi_name)
         helium = self.temporal_config
-        if helium.vocab_size is None:
-            object.__setattr__(self, "temporal_config",
-                               dataclasses.replace(helium, vocab_size=self.text_vocab_size))
-        elif helium.vocab_size != self.text_vocab_size:
+        if helium.vocab_size not in (None, self.text_vocab_size):
             _refuse("temporal_config", "vocab_size", helium.vocab_size,
                     f"text_linear has one row per text token: it must equal text_vocab_size "
                     f"({self.text_vocab_size})")

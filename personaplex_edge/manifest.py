@@ -140,6 +140,10 @@ class GraphEntry:
     # how its weights are stored: the codec stays fp32; the LM graphs may differ from each
     # other (e.g. an int4 Helium with an int8 depformer)
     precision: str = "fp32"
+    # what the export measured of the graph against its torch module, before any precision
+    # conversion: {"how": "full" or "one-layer probe", "calls": N, "outputs": {output: the
+    # largest absolute difference (float) or the fraction of elements differing (integer)}}
+    check: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {"file": self.file, "sha256": self.sha256,
@@ -150,6 +154,8 @@ class GraphEntry:
                "data_files": dict(self.data_files), "precision": self.precision}
         if self.engine is not None:
             out["engine"] = dict(self.engine)
+        if self.check is not None:
+            out["check"] = dict(self.check)
         return out
 
     @classmethod
@@ -159,7 +165,7 @@ class GraphEntry:
                    [StateSpec.from_dict(s) for s in d.get("state", [])],
                    dict(d.get("data_files", {})),
                    [RingSpec.from_dict(r) for r in d.get("rings", [])], d.get("engine"),
-                   d.get("precision", default_precision))
+                   d.get("precision", default_precision), d.get("check"))
 
     def split_rings(self, input_prefix: str = KV_INPUT_PREFIX,
                     output_prefix: str = KV_OUTPUT_PREFIX,

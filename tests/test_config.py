@@ -4,6 +4,7 @@ layout this project wrote before still loads."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -95,7 +96,9 @@ def test_the_seeds_full_helium_config_loads_as_the_7b():
     assert (helium.hidden_size, helium.num_hidden_layers, helium.head_dim,
             helium.intermediate_size) == (4096, 32, 128, 11264)
     assert (helium.vocab_size, helium.sliding_window) == (32000, 3000)
-    assert helium == PersonaPlexConfig().temporal_config  # the 7B, field for field
+    # the 7B, field for field, with the two sizes it leaves implied stated
+    assert helium == dataclasses.replace(PersonaPlexConfig().temporal_config, vocab_size=32000,
+                                         sliding_window=3000)
     # written back in the seed's layout, every field of it present, and read again
     written = cfg.to_dict()["temporal_config"]
     assert set(SEED_HELIUM) - {"model_type"} <= set(written)
@@ -104,10 +107,15 @@ def test_the_seeds_full_helium_config_loads_as_the_7b():
 
 def test_the_fields_beyond_the_documented_ones_default_to_what_the_model_is():
     """Absent, the vocabulary is the text vocabulary and the window the context: the demo's
-    256-token vocabulary and 500-frame context need no vocab_size or sliding_window."""
-    demo = preset("demo")
-    assert demo.temporal_config.vocab_size == demo.text_vocab_size == 256
-    assert demo.temporal_config.sliding_window == demo.temporal_config.max_position_embeddings
+    256-token vocabulary and 500-frame context need no vocab_size or sliding_window, and
+    stating them so is the same model; a config edited through to_dict() stays consistent."""
+    demo = preset("demo").to_dict()
+    assert demo["temporal_config"]["vocab_size"] is None
+    stated = json.loads(json.dumps(demo))
+    stated["temporal_config"].update(vocab_size=256, sliding_window=500)
+    assert PersonaPlexConfig.from_dict(stated).text_vocab_size == 256
+    demo.update(text_vocab_size=300, text_embedding_rows=301)
+    assert PersonaPlexConfig.from_dict(demo).text_vocab_size == 300
 
 
 @pytest.mark.parametrize("field, value, message", [
