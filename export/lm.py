@@ -424,6 +424,23 @@ def _check_bytes(plans: dict[str, WeightPlan], specs: list[TensorSpec],
         + (1 << 30)
 
 
+def full_check_fits(job) -> tuple[bool, int, int | None]:
+    """Whether the full check of an LM graph (check_lm_graph) fits in the memory available
+    now: (fits, bytes it needs, bytes available or None where unknown)."""
+    _, _, _, specs, _, plans, streamed = job
+    need, have = _check_bytes(plans, specs, streamed), available_memory()
+    return have is None or need <= have, need, have
+
+
+def open_lm_header(checkpoint_path: str | Path, cfg: PersonaPlexConfig) -> SafetensorsHeader:
+    """The LM checkpoint's header, every tensor's name and shape checked against `cfg` and the
+    file against its declared length (nothing read but headers)."""
+    open_lm_checkpoint(checkpoint_path, cfg)
+    header = SafetensorsHeader(checkpoint_path, rename=_canonical_key)
+    header.check_complete()
+    return header
+
+
 def available_memory() -> int | None:
     """MemAvailable from /proc/meminfo (Linux), None elsewhere."""
     try:
@@ -547,16 +564,14 @@ def export_lm_graphs_frugal(cfg: PersonaPlexConfig, checkpoint_path: str | Path,
         raise ValueError(f"verify={verify!r}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    open_lm_checkpoint(checkpoint_path, cfg)  # every tensor's name and shape, header only
-    header = SafetensorsHeader(checkpoint_path, rename=_canonical_key)
-    header.check_complete()
+    header = open_lm_header(checkpoint_path, cfg)
     entries = {}
     for job in lm_jobs(cfg, batch, k_max):
-        name, _, _, specs, _, plans, streamed = job
+        name, plans = job[0], job[5]
         check = mode
         if mode == "auto":
-            need, have = _check_bytes(plans, specs, streamed), available_memory()
-            check = "full" if have is None or need <= have else "reduced"
+            fits, need, have = full_check_fits(job)
+            check = "full" if fits else "reduced"
             if check == "reduced":
                 progress(f"  {name}: a full check needs ~{need / 1e9:.1f} GB, "
                          f"{have / 1e9:.1f} GB is available: checking a one-layer probe "

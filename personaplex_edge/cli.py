@@ -75,6 +75,31 @@ def cmd_engines(args) -> int:
     return 0
 
 
+def cmd_verify(args) -> int:
+    """Hashes, graph signatures and, with --checkpoint, each graph against its torch module;
+    every finding printed, exit 1 on any disagreement (2: nothing could be verified)."""
+    from .atomic import write_text_atomic
+    from .runtime.verify import verify_model
+
+    if args.checkpoint:  # before a download or an hour of hashing
+        _need_export_extra()
+    model_dir = resolve_model(args.model, _note)
+    report, manifest = verify_model(model_dir, args.model, progress=_note)
+    if args.checkpoint:
+        from .export.check_export import against_checkpoint
+
+        report.findings += against_checkpoint(model_dir, manifest, args.checkpoint, _note)
+    for finding in report.findings:
+        print(finding.line())
+    if args.json:
+        write_text_atomic(Path(args.json), report.to_json())
+    failures = report.failures()
+    print(f"{args.model}: " + ("verified" if not failures else
+                               f"{len(failures)} disagreement(s): "
+                               + ", ".join(f"{f.check} {f.target}" for f in failures)))
+    return 0 if not failures else 1
+
+
 def cmd_codec(args) -> int:
     import numpy as np
 
@@ -399,6 +424,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "~/.cache/personaplex-edge/tensorrt/, one per GPU type and TensorRT version)")
     g.add_argument("--workspace-gb", type=float, help="TensorRT's workspace limit")
     g.set_defaults(func=cmd_engines)
+
+    f = sub.add_parser("verify", help="check a finished or downloaded export: every file's "
+                                      "hash, every graph's signature, and with --checkpoint "
+                                      "each graph against torch; exit 1 on a disagreement")
+    f.add_argument("--model", required=True, help=MODEL_HELP)
+    f.add_argument("--checkpoint", help="the checkpoint it was exported from (directory or hub "
+                                        "repo): run each graph beside its torch module as the "
+                                        "export checks it (needs the export extra)")
+    f.add_argument("--json", help="write every finding here")
+    f.set_defaults(func=cmd_verify)
 
     c = sub.add_parser("codec", help="encode a file to Mimi codes and decode it back")
     c.add_argument("--model", required=True, help=MODEL_HELP)
