@@ -210,7 +210,8 @@ def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "f
                 files[tokenizer] = sha256_file(stage / tokenizer)
         manifest = Manifest(config=cfg, graphs=graphs, contents=contents, precision="fp32",
                             backend=backend, tokenizer=tokenizer, voices=voices,
-                            source=ckpt.source, files=files)
+                            source=ckpt.source, files=files,
+                            source_revision=ckpt.revision)
         manifest = convert_precision(stage, manifest, precision, kv_dtype=kv_dtype,
                                      progress=progress,
                                      depformer_precision=depformer_precision)

@@ -30,6 +30,12 @@ def _note(message: str) -> None:
 
 
 def cmd_export(args) -> int:
+    if args.push_to_hub:  # no token: refused now, not after an hour of export
+        from .publish import require_token
+
+        require_token(args.push_to_hub)
+    elif args.private:
+        raise PersonaPlexError("--private goes with --push-to-hub OWNER/NAME")
     _need_export_extra()
     from .export.hub import resolve_checkpoint
     from .export.model_export import export_model
@@ -54,6 +60,10 @@ def cmd_export(args) -> int:
                  batch=args.batch, kv_dtype=args.kv_dtype, engine_builder=builder,
                  verify=args.verify, depformer_precision=args.depformer_precision)
     print(f"done in {time.perf_counter() - t0:.1f} s")
+    if args.push_to_hub:
+        from .publish import push_model
+
+        print(f"published: {push_model(args.out, args.push_to_hub, args.private)}")
     return 0
 
 
@@ -411,6 +421,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--batch", type=int, default=1, help="streams per graph call (default 1)")
     e.add_argument("--codec-only", action="store_true",
                    help="export only the Mimi codec (no model.safetensors needed)")
+    e.add_argument("--push-to-hub", metavar="OWNER/NAME",
+                   help="after the export, publish it on the Hugging Face hub with a model card "
+                        "(needs a token: HF_TOKEN or 'hf auth login'); run it with --model "
+                        "OWNER/NAME")
+    e.add_argument("--private", action="store_true",
+                   help="with --push-to-hub: create the repository private")
     e.set_defaults(func=cmd_export)
 
     g = sub.add_parser("engines", help="build (or rebuild) the TensorRT engines of a model "

@@ -201,10 +201,12 @@ class Manifest:
     source: str = ""  # checkpoint it was exported from, for the user's information
     files: dict[str, str] = field(default_factory=dict)  # other files (tokenizer, voices) -> sha256
     package_version: str = __version__
+    source_revision: str | None = None  # the hub commit of `source`, when it came from the hub
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "format_version": FORMAT_VERSION,
                 "package_version": self.package_version, "source": self.source,
+                "source_revision": self.source_revision,
                 "contents": list(self.contents), "precision": self.precision,
                 "backend": self.backend, "tokenizer": self.tokenizer, "voices": self.voices,
                 "files": dict(self.files), "config": self.config.to_dict(),
@@ -231,7 +233,8 @@ class Manifest:
                        backend=d["backend"], tokenizer=d.get("tokenizer"),
                        voices=d.get("voices"), source=d.get("source", ""),
                        files=dict(d.get("files", {})),
-                       package_version=d.get("package_version", "?"))
+                       package_version=d.get("package_version", "?"),
+                       source_revision=d.get("source_revision"))
         except (KeyError, TypeError, ValueError, ConfigError) as e:
             raise ModelDirError(f"{where} is malformed ({e}); re-export the model") from e
 

@@ -14,6 +14,8 @@ upload protocol. The hub's side follows its documented HTTP API, as far as the l
     POST      /{repo}.git/info/lfs/objects/batch        where to PUT each LFS object
     PUT       /lfs/{oid}                                an LFS object's bytes
     POST      /api/models/{repo}/commit/{revision}      the commit (NDJSON)
+    POST      /api/validate-yaml                        a README's metadata (the hub's rules
+                                                        for license: other)
 
 Errors carry the hub's X-Error-Code (GatedRepo, RepoNotFound, RevisionNotFound, EntryNotFound),
 which the library turns into its typed exceptions. `requests` logs (method, path) of each call.
@@ -117,6 +119,8 @@ class FakeHub:
                                              authorised)
         if request.method == "POST" and path == "/api/repos/create":
             return self._create(httpx, json.loads(request.content))
+        if request.method == "POST" and path == "/api/validate-yaml":
+            return self._validate_yaml(httpx, json.loads(request.content)["content"])
         m = re.fullmatch(r"/([^/]+/[^/]+)\.git/info/lfs/objects/batch", path)
         if m:
             return self._lfs_batch(httpx, json.loads(request.content))
@@ -185,6 +189,20 @@ class FakeHub:
             return _error(httpx, 409, "RepoExists", "You already created this model repo")
         self.repos[repo_id] = Repo(private=payload.get("visibility") == "private")
         return _json(httpx, {"url": f"{ENDPOINT}/{repo_id}", "name": repo_id})
+
+    def _validate_yaml(self, httpx, content: str):
+        import yaml
+
+        errors = []
+        meta = yaml.safe_load(content.split("---")[1]) if content.startswith("---\n") else None
+        if not isinstance(meta, dict):
+            errors.append("no YAML metadata block at the top of README.md")
+        elif meta.get("license") == "other" and not (meta.get("license_name")
+                                                      and meta.get("license_link")):
+            errors.append('"license: other" needs license_name and license_link')
+        if errors:
+            return httpx.Response(400, json={"errors": [{"message": m} for m in errors]})
+        return _json(httpx, {"warnings": []})
 
     def _preupload(self, httpx, request, repo_id, rev, authorised):
         if not authorised:
