@@ -37,13 +37,14 @@ def parse_model_id(spec: str) -> tuple[str, str | None] | None:
     return (m["repo"], m["rev"]) if m else None
 
 
-def _hub():
+def import_hub(needed_for: str = "fetching a model from the Hugging Face hub"):
+    """huggingface_hub, or one message saying what needs it and how to install it."""
     try:
         import huggingface_hub
     except ImportError:
-        raise ModelDirError("fetching a model from the Hugging Face hub needs huggingface_hub: "
-                            "pip install 'huggingface_hub>=1.0' (a dependency of "
-                            "personaplex-edge; an install made with --no-deps lacks it)") from None
+        raise ModelDirError(f"{needed_for} needs huggingface_hub: pip install "
+                            "'huggingface_hub>=1.0' (a dependency of personaplex-edge; an "
+                            "install made with --no-deps lacks it)") from None
     return huggingface_hub
 
 
@@ -93,7 +94,7 @@ def evict(snapshot_file: Path) -> None:
 def fetch_model(repo: str, revision: str | None = None, progress: Progress = print) -> Path:
     """The local snapshot of exported model `repo` at `revision` (default: main), fetched where
     the cache lacks it and checked against its manifest's hashes (module docstring)."""
-    hub = _hub()
+    hub = import_hub()
     where = f"{repo}@{revision}" if revision else repo
     ident = {"library_name": "personaplex-edge", "library_version": __version__}
     try:

@@ -17,20 +17,11 @@ from typing import Callable
 from . import __version__
 from .atomic import write_text_atomic
 from .errors import PersonaPlexError
-from .hub_model import parse_model_id
+from .hub_model import import_hub, parse_model_id
 from .manifest import MANIFEST, expected_files, load_model_dir
 from .model_card import model_card
 
 CARD = "README.md"
-
-
-def _hub():
-    try:
-        import huggingface_hub
-    except ImportError:
-        raise PersonaPlexError("--push-to-hub needs huggingface_hub: pip install "
-                               "'huggingface_hub>=1.0'") from None
-    return huggingface_hub
 
 
 def require_token(repo: str) -> None:
@@ -40,7 +31,7 @@ def require_token(repo: str) -> None:
     if ref is None or ref[1] is not None:
         raise PersonaPlexError(f"--push-to-hub {repo}: give the repository as OWNER/NAME "
                                "(no @revision: it is published on main)")
-    if not _hub().get_token():
+    if not import_hub("--push-to-hub").get_token():
         raise PersonaPlexError(
             f"--push-to-hub {repo} needs a Hugging Face token with write access: set HF_TOKEN "
             "or run 'hf auth login'; nothing was exported")
@@ -49,7 +40,7 @@ def require_token(repo: str) -> None:
 def push_model(model_dir: str | Path, repo: str, private: bool = False,
                progress: Callable[[str], None] = print) -> str:
     """Publishes the export in `model_dir` as `repo` (module docstring); the commit's URL."""
-    hub = _hub()
+    hub = import_hub("--push-to-hub")
     model_dir = Path(model_dir)
     manifest = load_model_dir(model_dir, progress=progress)  # every hash holds (stamped)
     write_text_atomic(model_dir / CARD, model_card(manifest, repo))

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from personaplex_edge.config import (HeliumConfig, PersonaPlexConfig, PersonaPlexDepformerConfig,
+from personaplex_edge.config import (PersonaPlexConfig, PersonaPlexDepformerConfig,
                                      PersonaPlexMimiConfig, preset)
 from personaplex_edge.errors import ConfigError
 

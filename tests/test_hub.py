@@ -82,17 +82,10 @@ def test_a_cached_model_runs_by_id_offline_as_its_directory_and_its_snapshot_is_
 
 @pytest.fixture
 def hub(monkeypatch, tmp_path):
-    """The hub in memory, an empty huggingface_hub cache and user cache, and no token."""
+    """The hub in memory, empty caches of this test's own, and no token."""
     import fake_hub
-    from huggingface_hub import constants
 
-    hub = fake_hub.FakeHub()
-    hub.install(monkeypatch)
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf"))  # as HF_HUB_CACHE=
-    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.setenv("PERSONAPLEX_CACHE", str(tmp_path / "user-cache"))
-    return hub
+    return fake_hub.FakeHub.for_test(monkeypatch, tmp_path)
 
 
 def test_fetched_by_id_then_a_second_start_downloads_and_hashes_nothing(hub, tiny_codec_dir,

@@ -16,19 +16,10 @@ from personaplex_edge.manifest import MANIFEST, expected_files, load_model_dir
 
 @pytest.fixture
 def hub(monkeypatch, tmp_path):
+    """The hub in memory, empty caches of this test's own, and no token."""
     import fake_hub
-    from huggingface_hub import constants
 
-    hub = fake_hub.FakeHub()
-    hub.install(monkeypatch)
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
-    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
-    # the plain HTTP upload (LFS), as HF_HUB_DISABLE_XET=1 chooses (read once, at import): the
-    # Xet transfer runs in hf_xet's own native client, below this seam
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
-    monkeypatch.setenv("PERSONAPLEX_CACHE", str(tmp_path / "user-cache"))
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    return hub
+    return fake_hub.FakeHub.for_test(monkeypatch, tmp_path)
 
 
 def test_export_push_to_hub_uploads_every_file_and_the_card(hub, tiny_codec_checkpoint, tmp_path,
