@@ -93,7 +93,7 @@ class FakeHub:
     def for_test(cls, monkeypatch, tmp_path: Path) -> "FakeHub":
         """A hub installed for one test, with everything around it of the test's own: an empty
         huggingface_hub cache and per-user cache in `tmp_path`, no token (HF_TOKEN unset, no
-        saved one), and uploads over plain HTTP (LFS) as HF_HUB_DISABLE_XET=1 chooses - the
+        saved one), online whatever HF_HUB_OFFLINE says, and uploads over plain HTTP (LFS) as HF_HUB_DISABLE_XET=1 chooses - the
         Xet transfer runs in hf_xet's own native client, below this seam. Those settings are
         read once, at import, so they are set on huggingface_hub.constants."""
         from huggingface_hub import constants
@@ -103,6 +103,7 @@ class FakeHub:
         monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
         monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
         monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # a machine that set it: online
         monkeypatch.delenv("HF_TOKEN", raising=False)
         monkeypatch.setenv("PERSONAPLEX_CACHE", str(tmp_path / "user-cache"))
         return hub
