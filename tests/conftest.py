@@ -75,3 +75,12 @@ def demo_model_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("demo_model") / "model"
     export_model(resolve_checkpoint(str(ckpt)), out, progress=lambda s: None)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_export(tmp_path_factory) -> Path:
+    """The built-in tiny model (codec and LM, random weights) exported in float32, once; its
+    checkpoint beside it in ../ckpt. Read-only to the tests: copy or convert it to change it."""
+    import fake_gpu
+
+    return fake_gpu.export_tiny(tmp_path_factory.mktemp("tiny_export"))

@@ -308,10 +308,8 @@ def test_without_cuda_python_or_a_usable_driver_the_error_says_what_to_do(monkey
 # ---- the GPU backends' host logic on a simulated GPU (tests/fake_gpu.py) -----------------------
 
 @pytest.fixture(scope="module")
-def tiny_fp32(tmp_path_factory) -> Path:
-    import fake_gpu
-
-    return fake_gpu.export_tiny(tmp_path_factory.mktemp("sim"))
+def tiny_fp32(tiny_export) -> Path:
+    return tiny_export
 
 
 @pytest.fixture

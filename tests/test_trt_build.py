@@ -20,10 +20,8 @@ from personaplex_edge.manifest import load_model_dir, write_manifest
 
 
 @pytest.fixture(scope="module")
-def tiny_fp32(tmp_path_factory) -> Path:
-    import fake_gpu
-
-    return fake_gpu.export_tiny(tmp_path_factory.mktemp("build"))
+def tiny_fp32(tiny_export) -> Path:
+    return tiny_export
 
 
 @pytest.fixture

@@ -15,13 +15,11 @@ from personaplex_edge.cli import main
 from personaplex_edge.manifest import MANIFEST, load_model_dir, sha256_file
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
+@pytest.fixture
+def tiny(tiny_export) -> Path:
     """The tiny model (codec and LM, random weights) exported in float32; its checkpoint
     beside it in ../ckpt."""
-    import fake_gpu
-
-    return fake_gpu.export_tiny(tmp_path_factory.mktemp("verify"))
+    return tiny_export
 
 
 def _verify(tmp_path: Path, model: Path, *more: str) -> tuple[int, dict]:
