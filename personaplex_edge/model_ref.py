@@ -2,7 +2,8 @@
 
     a directory              itself (a path that exists wins over everything below)
     a built-in name          demo, tiny: random weights, exported into models/NAME on first use
-    OWNER/NAME[@REVISION]    an exported model on the Hugging Face hub (hub_model.py)
+    OWNER/NAME[@REVISION]    an exported model on the Hugging Face hub (hub_model.py), unless
+                             OWNER is a directory here: models/NAME is a path, not an id
 
 Torch-free: only a built-in model's first use needs the export extra.
 """
@@ -73,7 +74,7 @@ def resolve_model(spec: str, progress: Callable[[str], None] = print) -> Path:
     if spec in builtin_models():
         return _builtin(spec, progress)
     hub_id = parse_model_id(spec)
-    if hub_id is not None:
+    if hub_id is not None and not path.parent.is_dir():
         return fetch_model(*hub_id, progress=progress)
     raise ModelDirError(f"model directory {spec} does not exist; export one with "
                         "'personaplex-edge export --checkpoint ... --out DIR', name an exported "

@@ -121,7 +121,7 @@ def _fails(spec: str, capsys) -> str:
 
 
 def test_each_failure_is_one_message_naming_it_and_what_to_do(hub, tiny_codec_dir, capsys,
-                                                              monkeypatch):
+                                                              monkeypatch, tmp_path):
     hub.publish_dir("nvidia/gated-model", tiny_codec_dir, gated=True)
     err = _fails("nvidia/gated-model", capsys)
     assert "nvidia/gated-model is gated" in err and "HF_TOKEN" in err
@@ -146,6 +146,12 @@ def test_each_failure_is_one_message_naming_it_and_what_to_do(hub, tiny_codec_di
 
     err = _fails("no/such/dir", capsys)  # neither a directory nor an id
     assert "model directory no/such/dir does not exist" in err
+    (tmp_path / "models").mkdir()  # models/NAME with a models/ here: a path, not an id
+    monkeypatch.chdir(tmp_path)
+    asked = len(hub.requests)
+    err = _fails("models/personaplex-7b-v1", capsys)
+    assert "model directory models/personaplex-7b-v1 does not exist; export one" in err
+    assert len(hub.requests) == asked
 
 
 def test_a_download_that_disagrees_with_the_manifest_is_removed_and_fetched_again(
