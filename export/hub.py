@@ -37,6 +37,7 @@ class CheckpointFiles:
     lm: Path | None = None
     tokenizer: Path | None = None
     voices: Path | None = None
+    revision: str | None = None  # the hub commit the files are from (None: a local directory)
 
 
 def _config_from(path: Path | None) -> PersonaPlexConfig:
@@ -217,7 +218,8 @@ def _download(repo: str, with_lm: bool, progress: Callable[[str], None]) -> Chec
     lm = fetch(LM_FILE, True, sizes) if with_lm else None
     ckpt = CheckpointFiles(repo, config, mimi, lm,
                            fetch(TOKENIZER_FILE, False, sizes) if with_lm else None,
-                           fetch(VOICES_FILE, False, sizes) if with_lm else None)
+                           fetch(VOICES_FILE, False, sizes) if with_lm else None,
+                           revision=mimi.parent.name)  # .../snapshots/<commit>/<file>
     check_checkpoint_files(ckpt, sizes)
     return ckpt
 

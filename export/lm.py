@@ -399,7 +399,7 @@ def _streamed_parts(cfg: PersonaPlexConfig) -> tuple[list[str], list[str]]:
     return helium, depformer
 
 
-def _jobs(cfg: PersonaPlexConfig, batch: int, k_max: int):
+def lm_jobs(cfg: PersonaPlexConfig, batch: int, k_max: int = DEFAULT_K_MAX):
     """(name, module, step, input specs, output names, plans, streamed) per LM graph."""
     helium, depformer = placeholder_lm(cfg)
     h_streamed, d_streamed = _streamed_parts(cfg)
@@ -422,6 +422,23 @@ def _check_bytes(plans: dict[str, WeightPlan], specs: list[TensorSpec],
                  for s in specs)
     return sum(p.nbytes for p in plans.values()) + inputs + resident + max(groups, default=0) \
         + (1 << 30)
+
+
+def full_check_fits(job) -> tuple[bool, int, int | None]:
+    """Whether the full check of an LM graph (check_lm_graph) fits in the memory available
+    now: (fits, bytes it needs, bytes available or None where unknown)."""
+    _, _, _, specs, _, plans, streamed = job
+    need, have = _check_bytes(plans, specs, streamed), available_memory()
+    return have is None or need <= have, need, have
+
+
+def open_lm_header(checkpoint_path: str | Path, cfg: PersonaPlexConfig) -> SafetensorsHeader:
+    """The LM checkpoint's header, every tensor's name and shape checked against `cfg` and the
+    file against its declared length (nothing read but headers)."""
+    open_lm_checkpoint(checkpoint_path, cfg)
+    header = SafetensorsHeader(checkpoint_path, rename=_canonical_key)
+    header.check_complete()
+    return header
 
 
 def available_memory() -> int | None:
@@ -465,14 +482,29 @@ def _export_graph(job, header: SafetensorsHeader, out_dir: Path, cfg: PersonaPle
                         outputs, [], path, weights=weights,
                         dynamic_axes=frames_axes(cfg) if name == HELIUM_STEP else None)
     if check:
-        def checked(*args):
-            with streamed_weights(owner, plans, header, streamed):
-                return fn(*args[:-1]), {}
-
-        for frames in _frame_counts(name):
-            verify_step(path, checked, example_inputs(with_frames(specs, frames), cfg), outputs,
-                        low_memory=True)
+        entry.check = check_lm_graph(path, job, header, cfg)
     return entry
+
+
+def check_lm_graph(path: Path, job, header: SafetensorsHeader, cfg: PersonaPlexConfig,
+                   atol: float | None = 1e-4) -> dict:
+    """The export's check of an LM graph written at `path`: run in onnxruntime beside the
+    torch module of `job` (lm_jobs) with the checkpoint's weights streamed in, live (1 frame)
+    and as a prefill (3 frames), on the seeded example inputs. Returns the record of what it
+    measured (GraphEntry.check); raises ExportMismatch beyond `atol`."""
+    name, owner, fn, specs, outputs, plans, streamed = job
+
+    def checked(*args):
+        with streamed_weights(owner, plans, header, streamed):
+            return fn(*args[:-1]), {}
+
+    measured: dict[str, float] = {}
+    for frames in _frame_counts(name):
+        figures = verify_step(path, checked, example_inputs(with_frames(specs, frames), cfg),
+                              outputs, low_memory=True, atol=atol)
+        for output, value in figures.items():
+            measured[output] = max(measured.get(output, 0.0), value)
+    return {"how": "full", "calls": len(_frame_counts(name)), "outputs": measured}
 
 
 def spot_check_weights(path: str | Path, plans: dict[str, WeightPlan],
@@ -532,16 +564,14 @@ def export_lm_graphs_frugal(cfg: PersonaPlexConfig, checkpoint_path: str | Path,
         raise ValueError(f"verify={verify!r}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    open_lm_checkpoint(checkpoint_path, cfg)  # every tensor's name and shape, header only
-    header = SafetensorsHeader(checkpoint_path, rename=_canonical_key)
-    header.check_complete()
+    header = open_lm_header(checkpoint_path, cfg)
     entries = {}
-    for job in _jobs(cfg, batch, k_max):
-        name, _, _, specs, _, plans, streamed = job
+    for job in lm_jobs(cfg, batch, k_max):
+        name, plans = job[0], job[5]
         check = mode
         if mode == "auto":
-            need, have = _check_bytes(plans, specs, streamed), available_memory()
-            check = "full" if have is None or need <= have else "reduced"
+            fits, need, have = full_check_fits(job)
+            check = "full" if fits else "reduced"
             if check == "reduced":
                 progress(f"  {name}: a full check needs ~{need / 1e9:.1f} GB, "
                          f"{have / 1e9:.1f} GB is available: checking a one-layer probe "
@@ -551,12 +581,14 @@ def export_lm_graphs_frugal(cfg: PersonaPlexConfig, checkpoint_path: str | Path,
             progress(f"  {name}.onnx: checked in onnxruntime against torch")
         elif check == "reduced":
             probe_cfg = _probe_config(cfg)
-            probe = next(j for j in _jobs(probe_cfg, batch, k_max) if j[0] == name)
+            probe = next(j for j in lm_jobs(probe_cfg, batch, k_max) if j[0] == name)
             probe_dir = out_dir / f".probe_{name}"
             probe_dir.mkdir()
-            _export_graph(probe, header, probe_dir, probe_cfg, True, lambda s: None)
+            probed = _export_graph(probe, header, probe_dir, probe_cfg, True, lambda s: None)
             shutil.rmtree(probe_dir)
             rows = spot_check_weights(out_dir / entries[name].file, plans, header)
+            entries[name].check = {**probed.check, "how": "one-layer probe",
+                                   "weight_rows_compared": rows}
             progress(f"  {name}.onnx: one-layer probe checked in onnxruntime against torch, "
                      f"{rows} weight rows spot-checked")
     return entries

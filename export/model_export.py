@@ -34,25 +34,44 @@ Progress = Callable[[str], None]
 VERIFY = ("auto", "full", "reduced", "off")  # the LM graphs' check, see export_lm_graphs_frugal
 
 
-def export_codec(mimi: Mimi, out: Path, batch: int, progress: Progress) -> dict[str, GraphEntry]:
+CODEC_CHECK_CALLS = 3  # consecutive frames, each fed the state the one before returned
+
+
+def codec_steps(mimi: Mimi, batch: int):
+    """(graph name, step, inputs [(spec, example)], output names, state, rings) of each codec
+    graph, with the examples the export traces and checks it on (seeded: the same every
+    time, so `personaplex-edge verify` checks a finished export exactly as it was checked)."""
     cfg = mimi.cfg
     gen = torch.Generator().manual_seed(0)
     pcm = torch.randn(batch, 1, cfg.samples_per_frame, generator=gen) * 0.1
     codes = torch.randint(0, cfg.card, (batch, cfg.num_codebooks), generator=gen)
-    graphs = {}
     for name, step, spec, example, output, state, rings in (
             (MIMI_ENCODER, mimi.encode_step, TensorSpec(PCM, tuple(pcm.shape), "float32"),
              pcm, CODES, mimi.encoder_state(batch), mimi.encoder_rings(batch)),
             (MIMI_DECODER, mimi.decode_step, TensorSpec(CODES, tuple(codes.shape), "int64"),
              codes, PCM, mimi.decoder_state(batch), mimi.decoder_rings(batch))):
-        t0 = time.perf_counter()
-        fn = rings_as_io(step, rings)
         inputs = [(spec, example)] + [(TensorSpec(r.input_name, r.shape, r.dtype),
                                        torch.randn(r.shape, generator=gen)) for r in rings]
-        outputs = [output] + [r.output_name for r in rings]
+        yield (name, rings_as_io(step, rings), inputs, [output] + [r.output_name for r in rings],
+               state, rings)
+
+
+def check_codec_graph(path: Path, fn, inputs, outputs, state, atol: float | None = 1e-4
+                      ) -> dict:
+    """The export's check of a codec graph against its torch module (see codec_steps); the
+    record of what it measured (GraphEntry.check)."""
+    measured = verify_step(path, fn, {s.name: t.numpy() for s, t in inputs}, outputs, state,
+                           frames=CODEC_CHECK_CALLS, atol=atol)
+    return {"how": "full", "calls": CODEC_CHECK_CALLS, "outputs": measured}
+
+
+def export_codec(mimi: Mimi, out: Path, batch: int, progress: Progress) -> dict[str, GraphEntry]:
+    graphs = {}
+    for name, fn, inputs, outputs, state, rings in codec_steps(mimi, batch):
+        t0 = time.perf_counter()
         path = out / f"{name}.onnx"
         entry = export_step(mimi, fn, inputs, outputs, state, path)
-        verify_step(path, fn, {s.name: t.numpy() for s, t in inputs}, outputs, state, frames=3)
+        entry.check = check_codec_graph(path, fn, inputs, outputs, state)
         entry = entry.split_rings(MIMI_RING_PREFIX, MIMI_ROWS_PREFIX, position=rings[0].position)
         progress(f"  {name}.onnx: {len(state)} state tensors, {len(rings)} KV rings, checked "
                  f"against torch ({time.perf_counter() - t0:.1f} s)")
@@ -191,7 +210,8 @@ def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "f
                 files[tokenizer] = sha256_file(stage / tokenizer)
         manifest = Manifest(config=cfg, graphs=graphs, contents=contents, precision="fp32",
                             backend=backend, tokenizer=tokenizer, voices=voices,
-                            source=ckpt.source, files=files)
+                            source=ckpt.source, files=files,
+                            source_revision=ckpt.revision)
         manifest = convert_precision(stage, manifest, precision, kv_dtype=kv_dtype,
                                      progress=progress,
                                      depformer_precision=depformer_precision)

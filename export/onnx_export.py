@@ -148,10 +148,14 @@ class ExportMismatch(PersonaPlexError):
 @torch.no_grad()
 def verify_step(path: str | Path, fn: Callable, inputs: dict[str, np.ndarray],
                 outputs: Sequence[str], state: Sequence[StateSpec] = (), frames: int = 1,
-                atol: float = 1e-4, low_memory: bool = False) -> None:
+                atol: float | None = 1e-4, low_memory: bool = False) -> dict[str, float]:
     """Runs the graph in onnxruntime beside its step function (`fn(*inputs, state) ->
     (outputs, new_state)`, as given to export_step) for `frames` calls from the initial state,
-    feeding each its own state back; raises ExportMismatch on the first output that differs.
+    feeding each its own state back; raises ExportMismatch on the first output that differs
+    (beyond `atol`; integer outputs must be equal). Returns what it measured, per output over
+    every call: the largest absolute difference of a float output, the fraction of elements
+    that differ of an integer one. With `atol` None nothing is refused but a shape or dtype:
+    the figures are only measured.
     `low_memory` keeps onnxruntime to one copy of the weights, for graphs as large as the
     memory allows: no pre-packed duplicates, no arena, and basic optimisation only. (Basic
     still folds each weight's Transpose into one transposed copy; without it every Transpose
@@ -168,6 +172,7 @@ def verify_step(path: str | Path, fn: Callable, inputs: dict[str, np.ndarray],
     state_t = initial_state(state)
     state_n = {s.input_name: v.numpy() for s, v in zip(state, state_t.values())}
     names = list(outputs) + [s.output_name for s in state]
+    measured = dict.fromkeys(outputs, 0.0)
     for frame in range(frames):
         want, new = fn(*[torch.from_numpy(v) for v in inputs.values()], state_t)
         want = [want] if isinstance(want, torch.Tensor) else list(want)
@@ -179,14 +184,19 @@ def verify_step(path: str | Path, fn: Callable, inputs: dict[str, np.ndarray],
                 raise ExportMismatch(f"{path.name}: output {name} is {g.shape} {g.dtype} in "
                                      f"onnxruntime, {w.shape} {w.dtype} in torch")
             if np.issubdtype(w.dtype, np.integer):
-                bad = not np.array_equal(g, w)
+                figure = float(np.mean(g != w)) if w.size else 0.0
+                bad = figure > 0
             else:
-                bad = not np.allclose(g, w, atol=atol, rtol=1e-4)
-            if bad:
-                diff = np.abs(g.astype(np.float64) - w).max()
+                figure = float(np.abs(g.astype(np.float64) - w).max()) if w.size else 0.0
+                bad = atol is not None and not np.allclose(g, w, atol=atol, rtol=1e-4)
+            measured[name] = max(measured[name], figure)
+            if bad and atol is not None:
+                what = ("max abs diff" if not np.issubdtype(w.dtype, np.integer)
+                        else "fraction differing")
                 raise ExportMismatch(f"{path.name}: output {name} differs between onnxruntime "
-                                     f"and torch at call {frame} (max abs diff {diff:.3g})")
+                                     f"and torch at call {frame} ({what} {figure:.3g})")
         state_n = {s.input_name: v for s, v in zip(state, got[len(outputs):])}
+    return measured
 
 
 def graph_ops(path: str | Path) -> set[str]:

@@ -19,6 +19,8 @@ from .errors import PersonaPlexError
 from .model_ref import need_export_extra, resolve_model
 
 PRECISION_CHOICES = PRECISIONS  # from the contract: building the parser needs no export extra
+MODEL_HELP = ("model directory, an exported model on the Hugging Face hub (OWNER/NAME"
+              "[@REVISION]), or a built-in model name (demo, tiny)")
 
 
 def _note(message: str) -> None:
@@ -27,6 +29,12 @@ def _note(message: str) -> None:
 
 
 def cmd_export(args) -> int:
+    if args.push_to_hub:  # no token: refused now, not after an hour of export
+        from .publish import require_token
+
+        require_token(args.push_to_hub)
+    elif args.private:
+        raise PersonaPlexError("--private goes with --push-to-hub OWNER/NAME")
     need_export_extra()
     from .export.hub import resolve_checkpoint
     from .export.model_export import export_model
@@ -51,22 +59,54 @@ def cmd_export(args) -> int:
                  batch=args.batch, kv_dtype=args.kv_dtype, engine_builder=builder,
                  verify=args.verify, depformer_precision=args.depformer_precision)
     print(f"done in {time.perf_counter() - t0:.1f} s")
+    if args.push_to_hub:
+        from .publish import push_model
+
+        print(f"published: {push_model(args.out, args.push_to_hub, args.private)}")
     return 0
 
 
 def cmd_engines(args) -> int:
     """Builds (or rebuilds) the TensorRT engines of a model directory for this machine's GPU,
-    through a staging copy: a failure leaves the old engines and manifest as they were."""
+    through a staging copy: a failure leaves the old engines and manifest as they were. A
+    directory that may not be written (a hub snapshot, a read-only copy) gets them in the
+    per-user cache instead."""
     from .runtime.backends.trt_build import rebuild_engines
 
     t0 = time.perf_counter()
     graphs = [g.strip() for g in args.graphs.split(",") if g.strip()] if args.graphs else None
-    manifest = rebuild_engines(args.model, graphs=graphs, timing_cache=args.timing_cache,
+    model_dir = resolve_model(args.model, print)
+    manifest = rebuild_engines(model_dir, graphs=graphs, timing_cache=args.timing_cache,
                                workspace_bytes=int(args.workspace_gb * 2**30)
                                if args.workspace_gb else None)
     built = [n for n, g in manifest.graphs.items() if g.engine and (not graphs or n in graphs)]
     print(f"{args.model}: engines for {', '.join(built)} in {time.perf_counter() - t0:.1f} s")
     return 0
+
+
+def cmd_verify(args) -> int:
+    """Hashes, graph signatures and, with --checkpoint, each graph against its torch module;
+    every finding printed, exit 1 on any disagreement (2: nothing could be verified)."""
+    from .atomic import write_text_atomic
+    from .runtime.verify import verify_model
+
+    if args.checkpoint:  # before a download or an hour of hashing
+        need_export_extra()
+    model_dir = resolve_model(args.model, _note)
+    report, manifest = verify_model(model_dir, args.model, progress=_note)
+    if args.checkpoint:
+        from .export.check_export import against_checkpoint
+
+        report.findings += against_checkpoint(model_dir, manifest, args.checkpoint, _note)
+    for finding in report.findings:
+        print(finding.line())
+    if args.json:
+        write_text_atomic(Path(args.json), report.to_json())
+    failures = report.failures()
+    print(f"{args.model}: " + ("verified" if not failures else
+                               f"{len(failures)} disagreement(s): "
+                               + ", ".join(f"{f.check} {f.target}" for f in failures)))
+    return 0 if not failures else 1
 
 
 def cmd_codec(args) -> int:
@@ -385,7 +425,7 @@ def _add_conversation_args(p: argparse.ArgumentParser, model_default: str | None
     from .runtime.persona import DEFAULT_TEXT_PROMPT
 
     p.add_argument("--model", default=model_default, required=model_default is None,
-                   help="model directory, or a built-in model name (tiny)")
+                   help=MODEL_HELP)
     p.add_argument("--text-prompt", default=DEFAULT_TEXT_PROMPT, help="the persona's role")
     p.add_argument("--voice-prompt", default=None,
                    help="a voice of the model's bank (e.g. NATF2) or an audio file to imitate")
@@ -440,21 +480,38 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--batch", type=int, default=1, help="streams per graph call (default 1)")
     e.add_argument("--codec-only", action="store_true",
                    help="export only the Mimi codec (no model.safetensors needed)")
+    e.add_argument("--push-to-hub", metavar="OWNER/NAME",
+                   help="after the export, publish it on the Hugging Face hub with a model card "
+                        "(needs a token: HF_TOKEN or 'hf auth login'); run it with --model "
+                        "OWNER/NAME")
+    e.add_argument("--private", action="store_true",
+                   help="with --push-to-hub: create the repository private")
     e.set_defaults(func=cmd_export)
 
     g = sub.add_parser("engines", help="build (or rebuild) the TensorRT engines of a model "
                                        "directory for this machine's GPU")
-    g.add_argument("--model", required=True, help="a model directory exported with "
-                                                  "--backend tensorrt")
+    g.add_argument("--model", required=True,
+                   help="a model exported with --backend tensorrt: a directory or a hub id "
+                        "(OWNER/NAME[@REVISION]); engines go into the directory, or into "
+                        "~/.cache/personaplex-edge where it is read-only")
     g.add_argument("--graphs", help="comma-separated graph names (default: all)")
     g.add_argument("--timing-cache", type=Path, help="TensorRT timing cache file (default: "
                    "~/.cache/personaplex-edge/tensorrt/, one per GPU type and TensorRT version)")
     g.add_argument("--workspace-gb", type=float, help="TensorRT's workspace limit")
     g.set_defaults(func=cmd_engines)
 
+    f = sub.add_parser("verify", help="check a finished or downloaded export: every file's "
+                                      "hash, every graph's signature, and with --checkpoint "
+                                      "each graph against torch; exit 1 on a disagreement")
+    f.add_argument("--model", required=True, help=MODEL_HELP)
+    f.add_argument("--checkpoint", help="the checkpoint it was exported from (directory or hub "
+                                        "repo): run each graph beside its torch module as the "
+                                        "export checks it (needs the export extra)")
+    f.add_argument("--json", help="write every finding here")
+    f.set_defaults(func=cmd_verify)
+
     c = sub.add_parser("codec", help="encode a file to Mimi codes and decode it back")
-    c.add_argument("--model", required=True,
-                   help="model directory, or a built-in model name (tiny)")
+    c.add_argument("--model", required=True, help=MODEL_HELP)
     c.add_argument("--input", required=True, help="audio file (any rate, mono or stereo)")
     c.add_argument("--codes-out", help="write codes here as int64 .npy [frames, 8]")
     c.add_argument("--output", help="write the reconstruction here (24 kHz mono wav)")

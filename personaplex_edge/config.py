@@ -8,10 +8,13 @@ loads; so does the published checkpoint's config.json, which carries no architec
 and the layout this project wrote before (`helium` / `depformer` / `mimi`, Mimi's
 `sampling_rate` and `codebook_size`).
 
-A value this runtime cannot honour (another activation, biases, grouped KV heads, a frame size
-that disagrees with the rates, ...) is a ConfigError naming the field and the value; a key no
-config knows is one too, so a misspelt field never passes silently. Extra Mimi fields describe
-the codec's inner sizes so that tiny codecs can be built for tests.
+Every field the seed's config classes define is accepted, those vllm-omni's `HeliumConfig` has
+beyond the documented ones (`vocab_size`, `sliding_window`, `tie_word_embeddings`, `use_cache`)
+included. A value this runtime cannot honour (another activation, biases, grouped KV heads, a
+sliding window other than the context, tied embeddings, a frame size that disagrees with the
+rates, ...) is a ConfigError naming the field and the value; a key no config knows is one too, so
+a misspelt field never passes silently. Extra Mimi fields describe the codec's inner sizes so
+that tiny codecs can be built for tests.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ HF_GENERIC_KEYS = frozenset({
     # the published nvidia/personaplex-7b-v1 config.json
     "version",
 })
+# The seed's top-level switches for vllm-omni's CUDA graph capture: how vllm-omni runs the
+# model, not what the model is. This runtime captures its own (runtime/backends/cuda_graphs.py).
+SEED_RUNTIME_FLAGS = frozenset({"mimi_cuda_graphs", "depformer_cuda_graphs"})
 
 
 def _from_dict(cls, data: dict[str, Any], where: str, renamed: dict[str, str] | None = None):
@@ -51,8 +57,10 @@ def _from_dict(cls, data: dict[str, Any], where: str, renamed: dict[str, str] | 
     both = sorted(f"{old} and {new}" for old, new in renamed.items() if old in data and new in data)
     if both:
         raise ConfigError(f"{where}: {', '.join(both)} name the same field; keep one")
-    data = {renamed.get(k, k): v for k, v in data.items() if k not in HF_GENERIC_KEYS}
     known = {f.name for f in dataclasses.fields(cls) if f.init}
+    # a generic key that is a field of this config (Helium's tie_word_embeddings) is checked
+    ignored = (HF_GENERIC_KEYS | getattr(cls, "IGNORED", frozenset())) - known
+    data = {renamed.get(k, k): v for k, v in data.items() if k not in ignored}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)}")
@@ -86,6 +94,12 @@ def _check_transformer(cfg, where: str) -> None:
     if cfg.head_dim * cfg.num_attention_heads != cfg.hidden_size:
         _refuse(where, "head_dim", cfg.head_dim, f"{cfg.num_attention_heads} heads of it must "
                 f"make hidden_size {cfg.hidden_size}")
+
+
+def _check_flag(where: str, cfg, name: str) -> None:
+    value = getattr(cfg, name)
+    if not isinstance(value, bool):
+        _refuse(where, name, value, "must be true or false")
 
 
 def _positive(where: str, cfg, name: str) -> None:
@@ -195,14 +209,35 @@ class HeliumConfig:
     hidden_act: str = "silu"
     attention_bias: bool = False
     mlp_bias: bool = False
+    # the seed's HeliumConfig beyond its documented fields
+    # None: what the model is (not written back as a number, so that a config edited through
+    # to_dict() stays consistent): text_vocab_size, and the context
+    vocab_size: int | None = None  # text_linear's rows
+    sliding_window: int | None = None  # the KV ring is the window
+    tie_word_embeddings: bool = False  # text_linear is its own weight, not text_emb's
+    use_cache: bool = True  # the KV ring is always there; either value computes the same
 
     def __post_init__(self):
+        where = "temporal_config"
         if self.num_key_value_heads is None:
             object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
         if self.head_dim is None and isinstance(self.num_attention_heads, int) \
                 and self.num_attention_heads > 0:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
-        _check_transformer(self, "temporal_config")
+        _check_transformer(self, where)
+        if self.sliding_window not in (None, self.max_position_embeddings):
+            # one query per step over a ring of the context's size is an exact sliding window
+            # of that size; another window would need another mask (and persona prefill)
+            _refuse(where, "sliding_window", self.sliding_window,
+                    f"the KV ring attends over exactly max_position_embeddings "
+                    f"({self.max_position_embeddings}) frames; set both to the same value")
+        if self.tie_word_embeddings is not False:
+            _refuse(where, "tie_word_embeddings", self.tie_word_embeddings,
+                    "PersonaPlex's text_linear is a weight of its own; tied embeddings are not "
+                    "implemented")
+        _check_flag(where, self, "use_cache")
+        if self.vocab_size is not None:
+            _positive(where, self, "vocab_size")
 
 
 @dataclass(frozen=True)
@@ -224,12 +259,14 @@ class PersonaPlexDepformerConfig:
     hidden_act: str = "silu"
     attention_bias: bool = False
     mlp_bias: bool = False
+    use_cache: bool = True  # its per-frame KV is always there; either value computes the same
 
     def __post_init__(self):
         if self.num_key_value_heads is None:
             object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
         where = "depformer_config"
         _check_transformer(self, where)
+        _check_flag(where, self, "use_cache")
         if not 0 < self.num_active_codebooks <= self.dep_q:
             _refuse(where, "num_active_codebooks", self.num_active_codebooks,
                     f"must be in 1..dep_q ({self.dep_q})")
@@ -260,12 +297,18 @@ class PersonaPlexConfig:
     _LEGACY_SUBS: ClassVar[dict[str, str]] = {"helium": "temporal_config",
                                               "depformer": "depformer_config",
                                               "mimi": "mimi_config"}
+    IGNORED: ClassVar[frozenset[str]] = SEED_RUNTIME_FLAGS
 
     def __post_init__(self):
         if self.mimi_name is not None and self.mimi_name != self.mimi_config.mimi_name:
             object.__setattr__(self, "mimi_config",
                                dataclasses.replace(self.mimi_config, mimi_name=self.mimi_name))
         object.__setattr__(self, "mimi_name", self.mimi_config.mimi_name)
+        helium = self.temporal_config
+        if helium.vocab_size not in (None, self.text_vocab_size):
+            _refuse("temporal_config", "vocab_size", helium.vocab_size,
+                    f"text_linear has one row per text token: it must equal text_vocab_size "
+                    f"({self.text_vocab_size})")
         where = "config"
         if self.text_embedding_rows != self.text_vocab_size + 1:
             _refuse(where, "text_embedding_rows", self.text_embedding_rows,

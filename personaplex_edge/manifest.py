@@ -7,7 +7,9 @@ State travels as graph input `past.<name>` and comes back as output `present.<na
 
 The runtime calls `load_model_dir` before it runs anything: a missing file, a hash that disagrees,
 a manifest of another format version or a state spec that disagrees with the graph's own inputs is
-a `ModelDirError` naming the fix, never a crash mid-conversation.
+a `ModelDirError` naming the fix, never a crash mid-conversation. Which files were hashed is
+remembered in the per-user cache (user_cache.py), never in the model directory, which may be a
+hub snapshot or read-only.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .config import PersonaPlexConfig
 from .contract import (CODEC_GRAPHS, KV_INPUT_PREFIX, KV_OUTPUT_PREFIX, POSITION,
                        state_input, state_output)
 from .errors import ConfigError, ModelDirError
+from .user_cache import user_cache_dir
 
 FORMAT = "personaplex-edge-model"
 # 2: helium_step takes F frames per call (tokens [B, F, 17]) and configs are in the seed's
@@ -32,9 +35,6 @@ FORMAT = "personaplex-edge-model"
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
-# Remembers which files were hashed at which size and mtime, so a 16 GB model is hashed once,
-# not at every start. Deleting it forces a full check.
-_VERIFIED_STAMP = ".verified.json"
 
 _CAPABILITIES = {"lm": "language model a conversation needs (export from a checkpoint with "
                        "model.safetensors, without --codec-only)",
@@ -140,6 +140,10 @@ class GraphEntry:
     # how its weights are stored: the codec stays fp32; the LM graphs may differ from each
     # other (e.g. an int4 Helium with an int8 depformer)
     precision: str = "fp32"
+    # what the export measured of the graph against its torch module, before any precision
+    # conversion: {"how": "full" or "one-layer probe", "calls": N, "outputs": {output: the
+    # largest absolute difference (float) or the fraction of elements differing (integer)}}
+    check: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {"file": self.file, "sha256": self.sha256,
@@ -150,6 +154,8 @@ class GraphEntry:
                "data_files": dict(self.data_files), "precision": self.precision}
         if self.engine is not None:
             out["engine"] = dict(self.engine)
+        if self.check is not None:
+            out["check"] = dict(self.check)
         return out
 
     @classmethod
@@ -159,7 +165,7 @@ class GraphEntry:
                    [StateSpec.from_dict(s) for s in d.get("state", [])],
                    dict(d.get("data_files", {})),
                    [RingSpec.from_dict(r) for r in d.get("rings", [])], d.get("engine"),
-                   d.get("precision", default_precision))
+                   d.get("precision", default_precision), d.get("check"))
 
     def split_rings(self, input_prefix: str = KV_INPUT_PREFIX,
                     output_prefix: str = KV_OUTPUT_PREFIX,
@@ -195,10 +201,12 @@ class Manifest:
     source: str = ""  # checkpoint it was exported from, for the user's information
     files: dict[str, str] = field(default_factory=dict)  # other files (tokenizer, voices) -> sha256
     package_version: str = __version__
+    source_revision: str | None = None  # the hub commit of `source`, when it came from the hub
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "format_version": FORMAT_VERSION,
                 "package_version": self.package_version, "source": self.source,
+                "source_revision": self.source_revision,
                 "contents": list(self.contents), "precision": self.precision,
                 "backend": self.backend, "tokenizer": self.tokenizer, "voices": self.voices,
                 "files": dict(self.files), "config": self.config.to_dict(),
@@ -225,7 +233,8 @@ class Manifest:
                        backend=d["backend"], tokenizer=d.get("tokenizer"),
                        voices=d.get("voices"), source=d.get("source", ""),
                        files=dict(d.get("files", {})),
-                       package_version=d.get("package_version", "?"))
+                       package_version=d.get("package_version", "?"),
+                       source_revision=d.get("source_revision"))
         except (KeyError, TypeError, ValueError, ConfigError) as e:
             raise ModelDirError(f"{where} is malformed ({e}); re-export the model") from e
 
@@ -242,11 +251,36 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
 HASH_REPORT_BYTES = 512 << 20
 
 
-def _verify_files(model_dir: Path, expected: dict[str, str],
+def stamp_path(manifest_sha256: str) -> Path:
+    """Where the hash stamps of a model live: keyed by its manifest's sha256, so a directory
+    keeps them when it is renamed (an export's stage becoming the model) and a re-export
+    starts afresh."""
+    return user_cache_dir("verified", f"{manifest_sha256}.json")
+
+
+def _stamp_key(st, digest: str) -> list:
+    """A file as last hashed: size, mtime and inode (a copy of the directory is another file
+    and is hashed in its turn), and the digest it then had."""
+    return [st.st_size, st.st_mtime_ns, st.st_ino, digest]
+
+
+class HashMismatch(ModelDirError):
+    """A model file whose bytes disagree with its sha256 in the manifest."""
+
+    def __init__(self, model_dir: Path, rel: str, expected: str, actual: str):
+        super().__init__(f"{model_dir}: '{rel}' does not match its sha256 in {MANIFEST} "
+                         f"(expected {expected[:12]}..., found {actual[:12]}...): the file was "
+                         "changed or corrupted; export the model again")
+        self.file = rel
+
+
+def verify_files(model_dir: Path, expected: dict[str, str], stamps_at: Path,
                   progress: Callable[[str], None] | None = None) -> None:
-    stamp_path = model_dir / _VERIFIED_STAMP
+    """Hashes the files of `expected` not hashed since they last changed, remembering them in
+    `stamps_at` (Remembering is best effort: a cache that cannot be written means hashing
+    again next time, not an error)."""
     try:
-        stamps = json.loads(stamp_path.read_text())
+        stamps = json.loads(stamps_at.read_text())
     except (OSError, json.JSONDecodeError):
         stamps = {}
     todo = []  # (rel, digest, stamp key) of the files not verified since they last changed
@@ -255,34 +289,64 @@ def _verify_files(model_dir: Path, expected: dict[str, str],
         if not path.is_file():
             raise ModelDirError(f"{model_dir}: '{rel}' named in {MANIFEST} is missing; the "
                                 "directory is incomplete, export it again")
-        st = path.stat()
-        key = [st.st_size, st.st_mtime_ns, digest]
+        key = _stamp_key(path.stat(), digest)
         if stamps.get(rel) != key:
             todo.append((rel, digest, key))
     total = sum(key[0] for _, _, key in todo)
     if progress is not None and total >= HASH_REPORT_BYTES:
         progress(f"checking {total / 1e9:.1f} GB of model files against their sha256 in "
-                 f"{MANIFEST} (once: remembered in {_VERIFIED_STAMP})")
+                 f"{MANIFEST} (once: remembered in {stamps_at.parent})")
     for rel, digest, key in todo:
         actual = sha256_file(model_dir / rel)
         if actual != digest:
-            raise ModelDirError(
-                f"{model_dir}: '{rel}' does not match its sha256 in {MANIFEST} (expected "
-                f"{digest[:12]}..., found {actual[:12]}...): the file was changed or corrupted; "
-                "export the model again")
+            raise HashMismatch(model_dir, rel, digest, actual)
         stamps[rel] = key
     if todo:
         try:
-            write_text_atomic(stamp_path, json.dumps(stamps))
+            write_text_atomic(stamps_at, json.dumps(stamps))
         except OSError:
-            pass  # a read-only model directory is fine: it is hashed again next time
+            pass
+
+
+def expected_files(manifest: Manifest, where: str | Path = MANIFEST) -> dict[str, str]:
+    """Every file the manifest (read from `where`) names, with its sha256: graphs, their
+    weights, engines, the tokenizer and the voice bank. Each must lie inside the directory:
+    a manifest may come from a hub repository of anyone's."""
+    files: dict[str, str] = dict(manifest.files)
+    for g in manifest.graphs.values():
+        files[g.file] = g.sha256
+        files.update(g.data_files)
+        if g.engine:
+            files[g.engine["file"]] = g.engine["sha256"]
+    outside = sorted(rel for rel in files if Path(rel).is_absolute() or ".." in Path(rel).parts)
+    if outside:
+        raise ModelDirError(f"{where} names files outside its directory ({', '.join(outside)}); "
+                            "it is not a model this runtime exported")
+    return files
+
+
+def manifest_sha256(model_dir: str | Path) -> str:
+    """The sha256 of a model directory's manifest.json: the model's identity in the caches."""
+    return hashlib.sha256((Path(model_dir) / MANIFEST).read_bytes()).hexdigest()
+
+
+def read_manifest(path: Path) -> tuple[Manifest, bytes]:
+    """The manifest at `path`, and its bytes (whose sha256 is the model's identity)."""
+    try:
+        raw = path.read_bytes()
+        data = json.loads(raw)
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelDirError(f"cannot read {path}: {e}") from e
+    if not isinstance(data, dict):
+        raise ModelDirError(f"{path} is not a personaplex-edge model manifest")
+    return Manifest.from_dict(data, str(path)), raw
 
 
 def load_model_dir(model_dir: str | Path, need: str | None = None,
                    progress: Callable[[str], None] | None = None) -> Manifest:
     """Reads and checks a model directory; `need` names a capability it must have. Files are
     hashed the first time (reported through `progress` when that is a long read) and after any
-    change of size or mtime."""
+    change of size, mtime or inode."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ModelDirError(f"model directory {model_dir} does not exist; create one with "
@@ -291,23 +355,12 @@ def load_model_dir(model_dir: str | Path, need: str | None = None,
     if not path.is_file():
         raise ModelDirError(f"{model_dir} has no {MANIFEST}: it is not an exported model (or "
                             "its export did not finish); run 'personaplex-edge export' again")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ModelDirError(f"cannot read {path}: {e}") from e
-    if not isinstance(data, dict):
-        raise ModelDirError(f"{path} is not a personaplex-edge model manifest")
-    manifest = Manifest.from_dict(data, str(path))
+    manifest, raw = read_manifest(path)
     if need is not None and need not in manifest.contents:
         raise ModelDirError(f"{model_dir} holds only the {' and '.join(manifest.contents)}, "
                             f"not the {_CAPABILITIES.get(need, need)}")
-    files: dict[str, str] = dict(manifest.files)
-    for g in manifest.graphs.values():
-        files[g.file] = g.sha256
-        files.update(g.data_files)
-        if g.engine:
-            files[g.engine["file"]] = g.engine["sha256"]
-    _verify_files(model_dir, files, progress)
+    verify_files(model_dir, expected_files(manifest, path),
+                  stamp_path(hashlib.sha256(raw).hexdigest()), progress)
     return manifest
 
 

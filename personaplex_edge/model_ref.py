@@ -1,25 +1,34 @@
-"""What `--model` names, as a local model directory: a directory, or the name of a built-in
-model (random weights, exported on first use). Every front end - the CLI and the public API -
-resolves a model here, so a name means the same thing everywhere.
+"""What `--model` (and `personaplex_edge.load(model)`) may name, resolved to a local directory:
 
-Built-in models are exported by the torch side (personaplex_edge.export), imported only on a
-built-in's first use: the runtime stays torch-free for every other model.
+    a directory              itself (a path that exists wins over everything below)
+    a built-in name          demo, tiny: random weights, exported into models/NAME on first use
+    OWNER/NAME[@REVISION]    an exported model on the Hugging Face hub (hub_model.py), unless
+                             OWNER is a directory here: models/NAME is a path, not an id
+
+Torch-free: only a built-in model's first use needs the export extra.
 """
 
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 from .config import PRESETS
 from .errors import ModelDirError, PersonaPlexError
+from .hub_model import fetch_model, parse_model_id
+from .manifest import MANIFEST
 
 BUILTIN_DIR = Path("models")  # where built-in models are exported on first use (cwd-relative)
 
 
+def builtin_models() -> list[str]:
+    """The names of the built-in models (the presets but the real model, which has weights)."""
+    return [name for name in PRESETS if name != "personaplex-7b-v1"]
+
+
 def need_export_extra():
-    """The export extra (torch, onnx) and onnxruntime, or the error naming what to install;
-    -> the export package."""
+    """The export package, or one message naming the extras it needs."""
     try:
         import torch  # noqa: F401
         import onnx  # noqa: F401
@@ -38,19 +47,9 @@ def need_export_extra():
     return export
 
 
-def resolve_model(spec: str, progress=print) -> Path:
-    """A model directory, or the name of a built-in model (random weights, exported on first use
-    into models/NAME and reused after)."""
-    path = Path(spec).expanduser()
-    builtin = [name for name in PRESETS if name != "personaplex-7b-v1"]
-    if path.is_dir():
-        return path
-    if spec not in builtin:
-        raise ModelDirError(f"model directory {spec} does not exist; export one with "
-                            "'personaplex-edge export --checkpoint ... --out DIR', or use a "
-                            f"built-in model: {', '.join(builtin)}")
-    target = BUILTIN_DIR / spec
-    if (target / "manifest.json").is_file():
+def _builtin(name: str, progress: Callable[[str], None]) -> Path:
+    target = BUILTIN_DIR / name
+    if (target / MANIFEST).is_file():
         return target
     need_export_extra()
     from .config import preset
@@ -58,9 +57,26 @@ def resolve_model(spec: str, progress=print) -> Path:
     from .export.model_export import export_model
     from .export.synthetic import write_synthetic_checkpoint
 
-    progress(f"first use of the built-in '{spec}' model (random weights; it babbles): "
+    progress(f"first use of the built-in '{name}' model (random weights; it babbles): "
              f"exporting it to {target}")
     with tempfile.TemporaryDirectory() as tmp:
-        write_synthetic_checkpoint(preset(spec), tmp)
+        write_synthetic_checkpoint(preset(name), tmp)
         export_model(resolve_checkpoint(tmp), target, progress=progress)
     return target
+
+
+def resolve_model(spec: str, progress: Callable[[str], None] = print) -> Path:
+    """The local directory `spec` names (module docstring). Every failure is one
+    PersonaPlexError naming `spec` and what to do."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path
+    if spec in builtin_models():
+        return _builtin(spec, progress)
+    hub_id = parse_model_id(spec)
+    if hub_id is not None and not path.parent.is_dir():
+        return fetch_model(*hub_id, progress=progress)
+    raise ModelDirError(f"model directory {spec} does not exist; export one with "
+                        "'personaplex-edge export --checkpoint ... --out DIR', name an exported "
+                        "model on the Hugging Face hub (OWNER/NAME[@REVISION]), or use a "
+                        f"built-in model: {', '.join(builtin_models())}")

@@ -12,7 +12,6 @@ conversations on one model can be stepped from different threads.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Callable
 
@@ -21,7 +20,7 @@ import numpy as np
 from personaplex_edge.contract import (DEPFORMER_STEP, HELIUM_STEP, MIMI_DECODER, MIMI_ENCODER,
                                        TOKENS)
 from personaplex_edge.errors import ModelDirError, PersonaPlexError
-from personaplex_edge.manifest import MANIFEST, Manifest, load_model_dir
+from personaplex_edge.manifest import Manifest, load_model_dir, manifest_sha256
 from personaplex_edge.streams import initial_tokens
 
 from .backends import load_graphs
@@ -49,7 +48,7 @@ class LoadedModel:
         self.context = self.config.temporal_config.max_position_embeddings
         self.batch = manifest.graphs[HELIUM_STEP].inputs[0].shape[0]
         self.initial_tokens = initial_tokens(self.config)  # [17]
-        self.manifest_sha256 = manifest_digest(model_dir)
+        self.manifest_sha256 = manifest_sha256(model_dir)
         self._voices: list[str] | None = None
 
     @classmethod
@@ -95,7 +94,3 @@ class LoadedModel:
         """Lets the sessions go now (device memory on a GPU backend)."""
         for g in self.graphs.values():
             g.close()
-
-
-def manifest_digest(model_dir: str | Path) -> str:
-    return hashlib.sha256((Path(model_dir) / MANIFEST).read_bytes()).hexdigest()

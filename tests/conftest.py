@@ -8,6 +8,11 @@ import os
 os.environ.setdefault("NO_TORCH_COMPILE", "1")
 
 import sys  # noqa: E402
+import tempfile  # noqa: E402
+
+# the per-user cache (hash stamps, engines built on first use) of this test session: never the
+# home directory's; a test that needs its own sets PERSONAPLEX_CACHE itself
+os.environ["PERSONAPLEX_CACHE"] = tempfile.mkdtemp(prefix="personaplex-cache-")
 from pathlib import Path  # noqa: E402
 
 # benchmarks/ holds drivers the tests share with the benchmarks (lm_probe, soak)
@@ -87,3 +92,12 @@ def batch_model_dir(tmp_path_factory) -> Path:
     export_model(resolve_checkpoint(str(ckpt)), out, batch=LOCKSTEP_BATCH,
                  progress=lambda s: None)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_export(tmp_path_factory) -> Path:
+    """The built-in tiny model (codec and LM, random weights) exported in float32, once; its
+    checkpoint beside it in ../ckpt. Read-only to the tests: copy or convert it to change it."""
+    import fake_gpu
+
+    return fake_gpu.export_tiny(tmp_path_factory.mktemp("tiny_export"))

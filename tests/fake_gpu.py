@@ -474,10 +474,9 @@ def tensorrt_runtime(model_dir: Path, open_engine) -> types.ModuleType:
     return trt
 
 
-def install(monkeypatch, model_dir: Path, cuda: FakeCuda | None = None) -> FakeCuda:
-    """Patches cuda-python and TensorRT for the backends; writes a simulated engine for every
-    graph of `model_dir` and records it in the manifest (the backend named there is kept),
-    as built on `cuda`'s GPU (default: a "Simulated GPU" of 80 GiB, compute capability 9.0)."""
+def patch(monkeypatch, model_dir: Path, cuda: FakeCuda | None = None) -> FakeCuda:
+    """Patches cuda-python and TensorRT for the backends: `cuda`'s GPU (default: a "Simulated
+    GPU" of 80 GiB, compute capability 9.0), whose engines run the graphs of `model_dir`."""
     import sys
 
     from personaplex_edge.runtime.backends import cuda_runtime
@@ -485,6 +484,13 @@ def install(monkeypatch, model_dir: Path, cuda: FakeCuda | None = None) -> FakeC
     cuda = cuda or FakeCuda()
     monkeypatch.setattr(cuda_runtime, "cudart", lambda: cuda)
     monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt(cuda, model_dir))
+    return cuda
+
+
+def install(monkeypatch, model_dir: Path, cuda: FakeCuda | None = None) -> FakeCuda:
+    """`patch`, and a simulated engine written for every graph of `model_dir` and recorded in
+    its manifest (the backend named there is kept), as built on that GPU."""
+    cuda = patch(monkeypatch, model_dir, cuda)
     record_engines(model_dir, cuda.name, "9.0", cuda.memory)
     return cuda
 

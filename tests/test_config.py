@@ -4,11 +4,12 @@ layout this project wrote before still loads."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
-from personaplex_edge.config import (HeliumConfig, PersonaPlexConfig, PersonaPlexDepformerConfig,
+from personaplex_edge.config import (PersonaPlexConfig, PersonaPlexDepformerConfig,
                                      PersonaPlexMimiConfig, preset)
 from personaplex_edge.errors import ConfigError
 
@@ -45,7 +46,7 @@ VLLM_OMNI_CONFIG = {
 
 def test_a_vllm_omni_config_with_hugging_face_keys_loads_as_the_7b():
     cfg = PersonaPlexConfig.from_dict(json.loads(json.dumps(VLLM_OMNI_CONFIG)))
-    assert cfg.temporal_config == HeliumConfig()
+    assert cfg.temporal_config == PersonaPlexConfig().temporal_config
     assert cfg.depformer_config == PersonaPlexDepformerConfig()
     # the top-level mirror overrides the sub-config's value, as the seed documents
     assert cfg.mimi_config.mimi_name == "tokenizer-e351c8d8-checkpoint125.safetensors"
@@ -74,6 +75,67 @@ def test_the_layout_written_before_still_loads():
                      "codebook_size" if k == "card" else k): v
                     for k, v in new["mimi_config"].items()}}
     assert PersonaPlexConfig.from_dict(old) == preset("tiny")
+
+
+# Every field of the seed's HeliumConfig (vllm-omni's configuration_helium), at its default, as
+# its save_pretrained writes them: the documented ones and those beyond (REFERENCE.md).
+SEED_HELIUM = {"model_type": "helium", "hidden_size": 4096, "num_hidden_layers": 32,
+               "num_attention_heads": 32, "head_dim": 128, "num_key_value_heads": 32,
+               "intermediate_size": 11264, "max_position_embeddings": 3000,
+               "rope_theta": 10000.0, "rms_norm_eps": 1e-8, "vocab_size": 32000,
+               "sliding_window": 3000, "hidden_act": "silu", "attention_bias": False,
+               "mlp_bias": False, "tie_word_embeddings": False, "use_cache": True}
+
+
+def test_the_seeds_full_helium_config_loads_as_the_7b():
+    data = json.loads(json.dumps(VLLM_OMNI_CONFIG))
+    data["temporal_config"] = dict(SEED_HELIUM)
+    data["mimi_cuda_graphs"] = data["depformer_cuda_graphs"] = True  # vllm-omni's own switches
+    cfg = PersonaPlexConfig.from_dict(data)
+    helium = cfg.temporal_config
+    assert (helium.hidden_size, helium.num_hidden_layers, helium.head_dim,
+            helium.intermediate_size) == (4096, 32, 128, 11264)
+    assert (helium.vocab_size, helium.sliding_window) == (32000, 3000)
+    # the 7B, field for field, with the two sizes it leaves implied stated
+    assert helium == dataclasses.replace(PersonaPlexConfig().temporal_config, vocab_size=32000,
+                                         sliding_window=3000)
+    # written back in the seed's layout, every field of it present, and read again
+    written = cfg.to_dict()["temporal_config"]
+    assert set(SEED_HELIUM) - {"model_type"} <= set(written)
+    assert PersonaPlexConfig.from_dict(json.loads(cfg.to_json())) == cfg
+
+
+def test_the_fields_beyond_the_documented_ones_default_to_what_the_model_is():
+    """Absent, the vocabulary is the text vocabulary and the window the context: the demo's
+    256-token vocabulary and 500-frame context need no vocab_size or sliding_window, and
+    stating them so is the same model; a config edited through to_dict() stays consistent."""
+    demo = preset("demo").to_dict()
+    assert demo["temporal_config"]["vocab_size"] is None
+    stated = json.loads(json.dumps(demo))
+    stated["temporal_config"].update(vocab_size=256, sliding_window=500)
+    assert PersonaPlexConfig.from_dict(stated).text_vocab_size == 256
+    demo.update(text_vocab_size=300, text_embedding_rows=301)
+    assert PersonaPlexConfig.from_dict(demo).text_vocab_size == 300
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("sliding_window", 2048, r"temporal_config\.sliding_window = 2048: .*max_position_embeddings "
+                             r"\(3000\)"),
+    ("vocab_size", 32001, r"temporal_config\.vocab_size = 32001: .*text_vocab_size \(32000\)"),
+    ("tie_word_embeddings", True, r"temporal_config\.tie_word_embeddings = True: .*not "
+                                  "implemented"),
+    ("attention_bias", True, r"temporal_config\.attention_bias = True"),
+    ("mlp_bias", True, r"temporal_config\.mlp_bias = True"),
+    ("hidden_act", "gelu_pytorch_tanh", r"temporal_config\.hidden_act = 'gelu_pytorch_tanh'"),
+    ("head_dim", 64, r"temporal_config\.head_dim = 64: 32 heads of it must make hidden_size 4096"),
+    ("num_key_value_heads", 8, r"temporal_config\.num_key_value_heads = 8: grouped KV heads"),
+    ("use_cache", "yes", r"temporal_config\.use_cache = 'yes': must be true or false"),
+])
+def test_each_seed_helium_value_the_runtime_cannot_honour_is_refused(field, value, message):
+    data = json.loads(json.dumps(VLLM_OMNI_CONFIG))
+    data["temporal_config"] = {**SEED_HELIUM, field: value}
+    with pytest.raises(ConfigError, match=message):
+        PersonaPlexConfig.from_dict(data)
 
 
 @pytest.mark.parametrize("where, field, value, message", [

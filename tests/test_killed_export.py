@@ -21,7 +21,7 @@ STAGE_WAIT_S = 180  # the subprocess imports torch and exports Mimi before the f
 
 def _files(path: Path) -> dict[str, bytes]:
     return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
-            if p.is_file() and p.name != ".verified.json"}  # hash stamps: a cache
+            if p.is_file()}
 
 
 def _export(ckpt: Path, out: Path) -> subprocess.Popen:

@@ -308,10 +308,8 @@ def test_without_cuda_python_or_a_usable_driver_the_error_says_what_to_do(monkey
 # ---- the GPU backends' host logic on a simulated GPU (tests/fake_gpu.py) -----------------------
 
 @pytest.fixture(scope="module")
-def tiny_fp32(tmp_path_factory) -> Path:
-    import fake_gpu
-
-    return fake_gpu.export_tiny(tmp_path_factory.mktemp("sim"))
+def tiny_fp32(tiny_export) -> Path:
+    return tiny_export
 
 
 @pytest.fixture
@@ -497,7 +495,7 @@ def test_simulated_gpu_gpu_check_stages(simulated, tmp_path, monkeypatch):
     import importlib.util
 
     model, _ = simulated
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("PERSONAPLEX_CACHE", str(tmp_path / "cache"))
     path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
     spec = importlib.util.spec_from_file_location("gpu_check_under_test", path)
     gpu_check = importlib.util.module_from_spec(spec)

@@ -13,16 +13,15 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from personaplex_edge.manifest import load_model_dir, write_manifest
 
 
 @pytest.fixture(scope="module")
-def tiny_fp32(tmp_path_factory) -> Path:
-    import fake_gpu
-
-    return fake_gpu.export_tiny(tmp_path_factory.mktemp("build"))
+def tiny_fp32(tiny_export) -> Path:
+    return tiny_export
 
 
 @pytest.fixture
@@ -31,15 +30,15 @@ def simulated(tiny_fp32, tmp_path, monkeypatch):
     timing caches in tmp_path."""
     import fake_gpu
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("PERSONAPLEX_CACHE", str(tmp_path / "cache"))
     return fake_gpu.simulated_copy(tiny_fp32, tmp_path / "model", monkeypatch)
 
 
 def _tree(path: Path) -> dict[str, bytes]:
-    """Every file's bytes, but the hash stamps (.verified.json: a cache that checking a
-    directory refreshes)."""
+    """Every file's bytes (checking a directory writes nothing into it: its hash stamps go to
+    the per-user cache)."""
     return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
-            if p.is_file() and p.name != ".verified.json"}
+            if p.is_file()}
 
 
 def test_simulated_gpu_engine_build_calls_and_record(simulated, tmp_path):
@@ -105,7 +104,7 @@ def test_simulated_gpu_engines_are_built_at_each_graph_own_precision(tiny_fp32, 
                       depformer_precision="int8")
     fake_gpu.install(monkeypatch, model)
     trt = sys.modules["tensorrt"]
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("PERSONAPLEX_CACHE", str(tmp_path / "cache"))
     manifest = build_engines(model, progress=lambda s: None)
     built = {name: g.engine["precision"] for name, g in manifest.graphs.items()}
     assert built == {"mimi_encoder": "fp32", "mimi_decoder": "fp32", "helium_step": "fp16",
@@ -137,7 +136,7 @@ def test_simulated_gpu_build_output_says_kept_or_folded(tiny_fp32, tmp_path, mon
     model = tmp_path / "int8"
     convert_model_dir(tiny_fp32, model, "int8", backend="tensorrt", progress=lambda s: None)
     fake_gpu.install(monkeypatch, model)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("PERSONAPLEX_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(trt_build, "_VERDICT_MIN_BYTES", 0)  # the tiny model's weights are KB
     trt = sys.modules["tensorrt"]
     weights = trt_build.graph_weight_bytes(model / "depformer_step.onnx")
@@ -290,3 +289,114 @@ def test_a_damaged_graph_is_one_build_error(tmp_path):
     for read in (uses_contrib_ops, graph_weight_bytes):
         with pytest.raises(EngineBuildError, match="cannot read helium_step.onnx.*export"):
             read(bad)
+
+
+# ---- a model directory the runtime may not write: engines in the per-user cache ------------------
+
+@pytest.fixture
+def downloaded(tiny_fp32, tmp_path, monkeypatch):
+    """The tiny model exported for TensorRT without engines (what a board downloads), its own
+    per-user cache, and the simulated GPU."""
+    import fake_gpu
+
+    from personaplex_edge.export.precision import convert_model_dir
+
+    model = tmp_path / "downloaded"
+    convert_model_dir(tiny_fp32, model, "fp32", backend="tensorrt", progress=lambda s: None)
+    monkeypatch.setenv("PERSONAPLEX_CACHE", str(tmp_path / "cache"))
+    fake_gpu.patch(monkeypatch, model)
+    return model
+
+
+def _cached_engines(tmp_path: Path) -> list[Path]:
+    """The per-GPU directories of the per-user engine cache."""
+    return sorted((tmp_path / "cache" / "engines").glob("*/*"))
+
+
+def test_simulated_gpu_a_read_only_model_gets_its_engines_built_once_into_the_user_cache(
+        downloaded, tmp_path, monkeypatch):
+    """First use on a GPU builds each engine into the per-user cache (said, once), the next
+    start reuses them, a damaged one is built again, another GPU gets its own; the model
+    directory is not touched, and the engines compute what onnxruntime computes."""
+    import fake_gpu
+    from dir_state import read_only, tree_state
+    from lm_probe import GreedyLM
+
+    from personaplex_edge.runtime.backends import load_graphs
+    from personaplex_edge.user_cache import writable_dir
+
+    model = downloaded
+    user = np.random.default_rng(5).integers(0, 2048, (20, 8))
+    cpu = GreedyLM(model, device="cpu", threads=1).run(user)
+    trt = sys.modules["tensorrt"]
+    before = tree_state(model)
+    with read_only(model):
+        assert not writable_dir(model)
+        run = GreedyLM(model, device="cuda").run(user)
+        np.testing.assert_array_equal(run.tokens, cpu.tokens)
+        assert sorted(Path(n.onnx_path).name for n, _ in trt.builds) == [
+            "depformer_step.onnx", "helium_step.onnx"]
+        GreedyLM(model, device="cuda").run(user[:3])  # a second start: nothing built
+        assert len(trt.builds) == 2
+        manifest = load_model_dir(model)
+        said = []
+        load_graphs(model, manifest, ["mimi_encoder", "mimi_decoder"], "cuda",
+                    progress=said.append)
+        assert len(trt.builds) == 4
+        assert [line for line in said if "building it into" in line and str(model) in line
+                and "mimi_encoder, mimi_decoder" in line and "Simulated GPU" in line], said
+        (cache,) = _cached_engines(tmp_path)
+        assert sorted(p.name for p in cache.glob("*.engine")) == [
+            "depformer_step.engine", "helium_step.engine", "mimi_decoder.engine",
+            "mimi_encoder.engine"]
+        (cache / "helium_step.engine").write_bytes(b"damaged")
+        GreedyLM(model, device="cuda").run(user[:3])
+        assert Path(trt.builds[-1][0].onnx_path).name == "helium_step.onnx"
+        assert len(trt.builds) == 5  # that one only
+
+        other = fake_gpu.patch(monkeypatch, model, fake_gpu.FakeCuda("Other GPU", 40 << 30))
+        run = GreedyLM(model, device="cuda").run(user)
+        np.testing.assert_array_equal(run.tokens, cpu.tokens)
+        assert len(sys.modules["tensorrt"].builds) == 2 and other.name == "Other GPU"
+    assert tree_state(model) == before
+    assert [p.name.split("-")[0] for p in _cached_engines(tmp_path)] == ["Other", "Simulated"]
+
+
+def test_simulated_gpu_engines_command_on_a_read_only_directory_writes_the_user_cache(
+        downloaded, tmp_path, capsys):
+    from dir_state import read_only, tree_state
+
+    from personaplex_edge.cli import main
+    from personaplex_edge.runtime.backends import load_graphs
+
+    model = downloaded
+    trt = sys.modules["tensorrt"]
+    before = tree_state(model)
+    with read_only(model):
+        assert main(["engines", "--model", str(model)]) == 0
+        out = capsys.readouterr().out
+        assert "is read-only here" in out and str(tmp_path / "cache") in out
+        assert "engines for mimi_encoder, mimi_decoder, helium_step, depformer_step" in out
+        assert len(trt.builds) == 4
+        manifest = load_model_dir(model)
+        load_graphs(model, manifest, list(manifest.graphs), "cuda")  # found, not built again
+        assert len(trt.builds) == 4
+    assert tree_state(model) == before
+    assert len(_cached_engines(tmp_path)) == 1
+
+
+def test_which_directories_the_runtime_may_write(tmp_path):
+    from dir_state import read_only
+
+    from personaplex_edge.user_cache import is_hub_snapshot, writable_dir
+
+    plain = tmp_path / "model"
+    plain.mkdir()
+    assert writable_dir(plain)
+    with read_only(plain):
+        assert not writable_dir(plain)  # also for root, whom chmod does not stop
+    assert writable_dir(plain)
+    snapshot = tmp_path / "hub" / "models--nvidia--x" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    assert is_hub_snapshot(snapshot / "manifest.json") and not writable_dir(snapshot)
+    assert not writable_dir(tmp_path / "missing")

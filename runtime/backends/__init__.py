@@ -69,15 +69,20 @@ class DeviceUnavailable(PersonaPlexError):
     """--device cuda where no GPU backend can be used."""
 
 
-def _gpu_backend(model_dir: Path, manifest: Manifest, names: Sequence[str]
-                 ) -> dict[str, LoadedGraph]:
-    """The graphs on the GPU: TensorRT engines for a TensorRT model, else onnxruntime's CUDA
-    provider (rings on the device through cuda-python). Raises PersonaPlexError with the
-    reason where that cannot work here."""
+def _gpu_backend(model_dir: Path, manifest: Manifest, names: Sequence[str],
+                 progress: Callable[[str], None]) -> dict[str, LoadedGraph]:
+    """The graphs on the GPU: TensorRT engines for a TensorRT model (the model directory's
+    own where they were built for this GPU, else built on first use into the per-user cache),
+    else onnxruntime's CUDA provider (rings on the device through cuda-python). Raises
+    PersonaPlexError with the reason where that cannot work here."""
     if manifest.backend == "tensorrt":
-        from .trt import TrtEngine  # only where TensorRT is installed
+        from .trt import TrtEngine, import_tensorrt  # only where TensorRT is installed
+        from .trt_build import engines_for_this_gpu
 
-        return {n: TrtEngine(model_dir, manifest, manifest.graphs[n]) for n in names}
+        import_tensorrt()  # its message, rather than the engine build's, where it is missing
+        engines = engines_for_this_gpu(model_dir, manifest, list(names), progress)
+        return {n: TrtEngine(model_dir, manifest, engines[n].entry,
+                             engine_dir=engines[n].directory) for n in names}
     if "CUDAExecutionProvider" not in choose_providers("auto"):
         raise DeviceUnavailable("this onnxruntime has no CUDA provider (install the gpu extra: "
                                 "pip install 'personaplex-edge[gpu]')")
@@ -111,7 +116,7 @@ def load_graphs(model_dir: str | Path, manifest: Manifest, names: Sequence[str],
     if device != "cpu" and (manifest.backend == "tensorrt"
                             or "CUDAExecutionProvider" in choose_providers("auto")):
         try:
-            return _gpu_backend(model_dir, manifest, names)
+            return _gpu_backend(model_dir, manifest, names, say)
         except PersonaPlexError as e:
             if device == "cuda":
                 raise DeviceUnavailable(f"--device cuda: {e}") from None

@@ -60,7 +60,9 @@ class TrtEngine:
     where it was built for another TensorRT or GPU (see trt_engine.py)."""
 
     def __init__(self, model_dir: str | Path, manifest: Manifest, entry: GraphEntry,
-                 device: int = 0):
+                 device: int = 0, engine_dir: str | Path | None = None):
+        """`engine_dir`: where the engine file is, when not beside its graph (the per-user
+        cache's engines, engine_cache.py)."""
         self.runs_on = "tensorrt"
         trt = import_tensorrt()
         self.entry = entry
@@ -70,7 +72,8 @@ class TrtEngine:
         spec = engine_spec(model_dir, entry)
         check_compatible(spec, trt.__version__, info.compute_capability, info.name, model_dir,
                          device_memory=info.total_memory)
-        path = check_engine_file(model_dir, spec)  # load_model_dir has checked its sha256
+        # its sha256 checked before: by load_model_dir, or engine_cache for the cache's
+        path = check_engine_file(engine_dir or model_dir, spec)
         call("cudaSetDevice", device)
         self._logger = trt.Logger(trt.Logger.WARNING)
         self._runtime = trt.Runtime(self._logger)

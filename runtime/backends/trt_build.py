@@ -6,7 +6,9 @@ onnx (the `trt-cu12` / `trt-cu13` / `jetson` extras). The export calls `build_en
 staging directory when it is handed it; `personaplex-edge engines --model DIR` calls
 `rebuild_engines`, which builds in a staging copy of DIR (hard links, so the weights are not
 copied) and swaps it in only when every engine is built: a failure part-way leaves the old
-engines and manifest as they were.
+engines and manifest as they were. A model directory the runtime may not write (a hub snapshot,
+a read-only copy: user_cache.writable_dir) has its engines built into the per-user cache
+instead (engine_cache.py), by that command or on first use (`engines_for_this_gpu`).
 
 The graphs already carry their precision (export/precision.py, backend "tensorrt"): fp16/bf16
 islands, and weight-only int8/int4/fp8 as DequantizeLinear on the weights. The network is built
@@ -30,12 +32,15 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from personaplex_edge.atomic import staged_dir
 from personaplex_edge.contract import EngineSpec
 from personaplex_edge.errors import PersonaPlexError
 from personaplex_edge.manifest import Manifest, load_model_dir, sha256_file, write_manifest
+from personaplex_edge.user_cache import user_cache_dir, writable_dir
+
+from .engine_cache import Located, Target, add_record, engine_cache_dir, locate
 
 Progress = Callable[[str], None]
 # fp8 tensor cores: Ada (8.9) and Hopper (9.0) and newer; Orin (8.7) has none
@@ -84,10 +89,9 @@ def _device():
 
 
 def default_timing_cache(trt_version: str, compute_capability: str) -> Path:
-    """~/.cache/personaplex-edge/tensorrt/timing-sm<cc>-trt<version>.cache"""
-    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return (root / "personaplex-edge" / "tensorrt"
-            / f"timing-sm{compute_capability.replace('.', '')}-trt{trt_version}.cache")
+    """<user cache>/tensorrt/timing-sm<cc>-trt<version>.cache (user_cache.py)"""
+    return user_cache_dir("tensorrt",
+                          f"timing-sm{compute_capability.replace('.', '')}-trt{trt_version}.cache")
 
 
 def _graph_proto(path: Path):
@@ -274,6 +278,27 @@ def build_engine(onnx_path: Path, engine_path: Path, precision: str,
                       device_memory=info.total_memory, weight_bytes=weights.stored)
 
 
+def _build_each(model_dir: Path, manifest: Manifest, names: list[str], into: Path,
+                timing_cache: Path | None, workspace_bytes: int | None,
+                progress: Progress) -> Iterator[tuple[str, EngineSpec]]:
+    """Builds the engine of each graph of `names` into directory `into` (`<graph>.engine`),
+    yielding it as it is built; refuses unknown graphs and what this GPU cannot build first."""
+    unknown = [n for n in names if n not in manifest.graphs]
+    if unknown:
+        raise EngineBuildError(f"{model_dir} has no graph {', '.join(unknown)}; its graphs: "
+                               + ", ".join(manifest.graphs))
+    preflight(manifest.graphs[n].precision for n in names)
+    into.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        entry = manifest.graphs[name]
+        # each graph's own precision: the codec stays fp32 (TF32 off) inside an fp16 model,
+        # and the depformer may differ from Helium
+        yield name, build_engine(model_dir / entry.file, into / (Path(entry.file).stem
+                                                                   + ".engine"),
+                                 entry.precision, timing_cache, workspace_bytes, progress,
+                                 max_frames=_max_frames(manifest))
+
+
 def build_engines(model_dir: str | Path, manifest: Manifest | None = None,
                   graphs: list[str] | None = None, timing_cache: Path | None = None,
                   workspace_bytes: int | None = None, progress: Progress = print) -> Manifest:
@@ -282,24 +307,54 @@ def build_engines(model_dir: str | Path, manifest: Manifest | None = None,
     in its staging directory, rebuild_engines in its own)."""
     model_dir = Path(model_dir)
     manifest = manifest or load_model_dir(model_dir)
-    names = list(graphs or manifest.graphs)
-    unknown = [n for n in names if n not in manifest.graphs]
-    if unknown:
-        raise EngineBuildError(f"{model_dir} has no graph {', '.join(unknown)}; its graphs: "
-                               + ", ".join(manifest.graphs))
-    preflight(manifest.graphs[n].precision for n in names)
     entries = dict(manifest.graphs)
-    for name in names:
-        entry = entries[name]
-        engine = model_dir / (Path(entry.file).stem + ".engine")
-        # each graph's own precision: the codec stays fp32 (TF32 off) inside an fp16 model,
-        # and the depformer may differ from Helium
-        # a persona prefill runs up to context - 1 frames in one call of helium_step
-        spec = build_engine(model_dir / entry.file, engine, entry.precision, timing_cache,
-                            workspace_bytes, progress,
-                            max_frames=manifest.config.temporal_config.max_position_embeddings - 1)
-        entries[name] = dataclasses.replace(entry, engine=spec.to_dict())
+    for name, spec in _build_each(model_dir, manifest, list(graphs or manifest.graphs),
+                                  model_dir, timing_cache, workspace_bytes, progress):
+        entries[name] = dataclasses.replace(entries[name], engine=spec.to_dict())
     return dataclasses.replace(manifest, graphs=entries, backend="tensorrt")
+
+
+def this_gpu() -> Target:
+    """What an engine built here is built by and for."""
+    trt, info = _tensorrt(), _device()
+    return Target(trt.__version__, info.compute_capability, info.name, info.total_memory)
+
+
+def build_cached_engines(model_dir: str | Path, manifest: Manifest, names: list[str],
+                         timing_cache: Path | None = None, workspace_bytes: int | None = None,
+                         progress: Progress = print) -> dict[str, Located]:
+    """Builds the engines of `names` for this GPU into the per-user cache (engine_cache.py),
+    each file in place before its record: the model directory is not touched."""
+    model_dir = Path(model_dir)
+    cache = engine_cache_dir(model_dir, this_gpu())
+    out = {}
+    for name, spec in _build_each(model_dir, manifest, names, cache, timing_cache,
+                                  workspace_bytes, progress):
+        add_record(cache, name, spec)
+        out[name] = Located(cache, dataclasses.replace(manifest.graphs[name],
+                                                       engine=spec.to_dict()))
+    return out
+
+
+def engines_for_this_gpu(model_dir: str | Path, manifest: Manifest, names: list[str],
+                         progress: Progress = print) -> dict[str, Located]:
+    """The engine of each of `names` that runs on this GPU: the model directory's own, or the
+    cache's; those that have none are built into the cache now (once: later starts find
+    them)."""
+    gpu = this_gpu()
+    found, missing = locate(model_dir, manifest, names, gpu)
+    if missing:
+        progress(f"no TensorRT engine of {', '.join(missing)} for this {gpu.device_name} "
+                 f"(TensorRT {gpu.tensorrt_version}) in {model_dir}: building it into "
+                 f"{engine_cache_dir(model_dir, gpu)} (once; TensorRT times its kernels, which "
+                 "takes minutes for the 7B)")
+        found.update(build_cached_engines(model_dir, manifest, missing, progress=progress))
+    return found
+
+
+def _max_frames(manifest: Manifest) -> int:
+    """The longest call of helium_step: a persona prefill runs up to context - 1 frames."""
+    return manifest.config.temporal_config.max_position_embeddings - 1
 
 
 def rebuild_engines(model_dir: str | Path, graphs: list[str] | None = None,
@@ -307,11 +362,20 @@ def rebuild_engines(model_dir: str | Path, graphs: list[str] | None = None,
                     progress: Progress = print) -> Manifest:
     """Builds (or rebuilds) the engines of an exported model directory for this machine's GPU,
     through a staging copy of it: the directory changes in one rename when every engine is
-    built, and a failure part-way leaves its old engines and manifest as they were."""
+    built, and a failure part-way leaves its old engines and manifest as they were. A directory
+    the runtime may not write keeps its files: the engines go to the per-user cache, and the
+    manifest returned records them there."""
     model_dir = Path(model_dir)
-    # checked first, so that its errors name this directory (the check refreshes only its
-    # hash stamps, .verified.json, a cache)
+    # checked first, so that its errors name this directory
     manifest = load_model_dir(model_dir, progress=progress)
+    if not writable_dir(model_dir):
+        names = list(graphs or manifest.graphs)
+        progress(f"{model_dir} is read-only here (or a Hugging Face snapshot): the engines go "
+                 f"to {engine_cache_dir(model_dir, this_gpu())}")
+        built = build_cached_engines(model_dir, manifest, names, timing_cache, workspace_bytes,
+                                     progress)
+        return dataclasses.replace(manifest, backend="tensorrt", graphs={
+            **manifest.graphs, **{n: located.entry for n, located in built.items()}})
     with staged_dir(model_dir, progress=progress, seed_from=model_dir) as stage:
         manifest = build_engines(stage, manifest, graphs, timing_cache, workspace_bytes,
                                  progress)

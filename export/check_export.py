@@ -1,0 +1,84 @@
+"""A finished export against the checkpoint it came from: each graph beside its torch module, with
+the export's own check (model_export.check_codec_graph, lm.check_lm_graph) on the same seeded
+inputs, over the same frames and at the same tolerance. `personaplex-edge verify --checkpoint`.
+
+The export checks the language model's graphs in float32, before converting them to a lower
+precision; a graph stored in another precision (or with a narrower KV ring) cannot be held to
+that tolerance, so it is said to be left to its hash and signature, not compared.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from personaplex_edge.contract import MIMI_ENCODER
+from personaplex_edge.errors import PersonaPlexError
+from personaplex_edge.findings import Finding
+from personaplex_edge.manifest import Manifest
+
+from .hub import resolve_checkpoint
+from .lm import check_lm_graph, full_check_fits, lm_jobs, open_lm_header, spot_check_weights
+from .mimi import load_mimi
+from .model_export import check_codec_graph, codec_steps
+
+Progress = Callable[[str], None]
+
+
+def _compared(check: str, target: str, run) -> Finding:
+    """One comparison as a finding: what it measured, or the disagreement it raised."""
+    try:
+        record = run()
+    except PersonaPlexError as e:  # ExportMismatch, or a graph the check cannot feed
+        return Finding(check, target, False, str(e))
+    except Exception as e:  # onnxruntime refusing the inputs of a graph that was changed
+        return Finding(check, target, False, f"{type(e).__name__}: {e}")
+    figures = record.get("outputs", {})
+    worst = max(figures.values(), default=0.0)
+    return Finding(check, target, True, f"{record['how']}, {record['calls']} calls, largest "
+                   f"difference {worst:.3g}", record)
+
+
+def against_checkpoint(model_dir: str | Path, manifest: Manifest, checkpoint: str,
+                       progress: Progress = print) -> list[Finding]:
+    model_dir = Path(model_dir)
+    with_lm = "lm" in manifest.contents
+    ckpt = resolve_checkpoint(checkpoint, with_lm=with_lm, progress=progress)
+    if ckpt.config.to_dict() != manifest.config.to_dict():
+        return [Finding("config", checkpoint, False, "the checkpoint's config.json describes "
+                        "another model than the manifest's config: not the checkpoint of this "
+                        "export")]
+    cfg = manifest.config
+    batch = manifest.graphs[MIMI_ENCODER].inputs[0].shape[0]
+    out = []
+    progress(f"checking the codec graphs against torch ({ckpt.mimi.name})")
+    mimi = load_mimi(ckpt.mimi, cfg.mimi_config)
+    for name, fn, inputs, outputs, state, _ in codec_steps(mimi, batch):
+        path = model_dir / manifest.graphs[name].file
+        out.append(_compared("torch", name, lambda: check_codec_graph(path, fn, inputs,
+                                                                      outputs, state)))
+    del mimi
+    if not with_lm:
+        return out
+    header = open_lm_header(ckpt.lm, cfg)
+    for job in lm_jobs(cfg, batch):
+        name, plans = job[0], job[5]
+        entry = manifest.graphs[name]
+        path = model_dir / entry.file
+        kv = sorted({r.dtype for r in entry.rings})
+        if entry.precision != "fp32" or kv not in ([], ["float32"]):
+            out.append(Finding("torch", name, True, f"not compared: stored in {entry.precision} "
+                               f"(KV {', '.join(kv) or '-'}), converted after the export's "
+                               "float32 check; its hash and signature are checked"))
+            continue
+        fits, need, have = full_check_fits(job)
+        if fits:
+            progress(f"checking {entry.file} against torch (the checkpoint's weights streamed)")
+            out.append(_compared("torch", name, lambda: check_lm_graph(path, job, header, cfg)))
+        else:
+            progress(f"{name}: a full check needs ~{need / 1e9:.1f} GB, {have / 1e9:.1f} GB is "
+                     "available: spot-checking every weight against the checkpoint instead")
+            out.append(_compared("weights", name, lambda: {
+                "how": "weight spot check", "calls": 0,
+                "weight_rows_compared": spot_check_weights(path, plans, header)}))
+    return out
