@@ -49,8 +49,10 @@ def load(model: str | Path, device: str = "auto", threads: int | None = None, *,
          persona_cache_dir: str | Path | None = None) -> "Model":
     """Loads a model once for any number of conversations.
 
-    model: a model directory (`personaplex-edge export ... --out DIR`) or a built-in name
-    (`demo`, `tiny`: random weights, exported on first use). device: "auto" (the GPU where
+    model: a model directory (`personaplex-edge export ... --out DIR`), an exported model on
+    the Hugging Face hub (`OWNER/NAME[@REVISION]`: fetched into huggingface_hub's cache,
+    checked against its manifest, reused after), or a built-in name (`demo`, `tiny`: random
+    weights, exported on first use). device: "auto" (the GPU where
     its backend works, else the CPU), "cpu" or "cuda". threads: onnxruntime's threads (default:
     PERSONAPLEX_THREADS, else every core). progress: called with one line per step of a long
     load (a first export, an engine build); silent by default. The persona cache keeps
