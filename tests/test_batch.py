@@ -157,6 +157,8 @@ def test_a_broken_input_fails_alone_and_the_run_exits_1(demo_model_dir, fdb_tree
     assert _batch(demo_model_dir, "--input", str(fdb_tree), "--greedy") == 1
     said = capsys.readouterr()
     assert "sample_broken/input.wav: failed" in said.err and "1 item(s) failed" in said.err
+    if (os.cpu_count() or 1) > 1:  # a batch-1 model on the CPU: a worker per core by default
+        assert f"by each of {os.cpu_count()} workers" in said.err
     assert not (broken / "output.wav").exists()
     summary = json.loads((fdb_tree / "batch-summary.json").read_text())
     assert summary["counts"]["done"] == 4 and summary["counts"]["failed"] == 1
@@ -184,7 +186,7 @@ def test_ctrl_c_keeps_what_finished_and_leaves_no_partial_file(demo_model_dir, f
 
     monkeypatch.setattr(BatchProgress, "item_done", item_done)
     monkeypatch.setattr(BatchProgress, "advance", advance)
-    assert _batch(demo_model_dir, "--input", str(fdb_tree), "--greedy") == 130
+    assert _batch(demo_model_dir, "--input", str(fdb_tree), "--greedy", "--workers", "1") == 130
     summary = json.loads((fdb_tree / "batch-summary.json").read_text())
     status = {r["key"]: r["status"] for r in summary["items"]}
     assert summary["interrupted"] and sorted(status.values()) == [
