@@ -287,8 +287,9 @@ def cmd_batch(args) -> int:
     cores = os.cpu_count() or 1
     if args.workers is None and model.batch == 1 and model.runs_on == ["onnxruntime-cpu"] \
             and cores > 1:
-        # measured (README, Batch): a worker per core, each session call on one thread, beats
-        # one item at a time on every core (2.0-3.2x on the demo model, 1.1x on the mid one)
+        # measured (README, Measured: Batch): a worker per core, each session call on one
+        # thread, beats one item at a time on every core (1.4-1.5x on the demo model, 1.07x
+        # on the mid one)
         workers = cores
         if args.threads is None:
             model.close()
