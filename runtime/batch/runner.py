@@ -124,6 +124,7 @@ def run_batch(model: Model, items: list[Item], sampling: SamplingParams, persona
                progress or BatchProgress(len(todo), sum(seconds for seconds, _, _ in todo)))
     pending = deque((item, result) for _, item, result in todo)
     t0 = time.perf_counter()
+    run.busy = max(workers, 1)  # counted before any starts: the wait below sees them all
     try:
         if workers <= 1:
             run.work(pending, rows or model.batch)
@@ -158,22 +159,21 @@ class _Run:
         self.lock = threading.Lock()  # the summary's counters and the progress display
         self.stop = threading.Event()  # Ctrl-C: every worker leaves between two ticks
         self.error: BaseException | None = None
-        self._busy = 0
+        self.busy = 0  # workers not yet finished
         self._idle = threading.Condition(self.lock)
 
     def work(self, pending: deque, rows: int) -> None:
         """One worker: items from `pending` onto its rows, a tick at a time, until none is
         left or the run stops (its open items then marked interrupted)."""
         open_items: dict[Conversation, _Open] = {}
-        with self.lock:
-            self._busy += 1
         try:
             while not self.stop.is_set():
                 while len(open_items) < rows:
                     try:
-                        entry = self.start(*pending.popleft())
+                        item, result = pending.popleft()  # shared by the workers: atomic
                     except IndexError:
                         break
+                    entry = self.start(item, result)
                     if entry is not None:
                         open_items[entry.conv] = entry
                 if not open_items:
@@ -189,7 +189,7 @@ class _Run:
                 entry.result.status = "interrupted"
                 entry.conv.close()
             with self.lock:
-                self._busy -= 1
+                self.busy -= 1
                 self._idle.notify_all()
 
     def interrupt(self) -> None:
@@ -198,7 +198,7 @@ class _Run:
 
     def wait_for_workers(self) -> None:
         with self.lock:
-            while self._busy:
+            while self.busy:
                 self._idle.wait()
 
     def tick(self, open_items: dict[Conversation, _Open]) -> None:
