@@ -305,15 +305,15 @@ def test_a_client_that_leaves_during_its_prefill_frees_its_slot_at_once(
         model, demo_model_dir, monkeypatch):
     """The slot of a client gone mid-prefill is free within a second, not when its (here
     3 s) prefill ends; the conversation it would have had is closed when that prefill ends."""
-    from personaplex_edge.runtime.serve import chat as chat_module
+    from personaplex_edge.runtime.serve import lifecycle
 
-    slow = chat_module._open_conversation
+    slow = lifecycle._open_conversation
 
     def slow_open(state, params):
         time.sleep(3.0)
         return slow(state, params)
 
-    monkeypatch.setattr(chat_module, "_open_conversation", slow_open)
+    monkeypatch.setattr(lifecycle, "_open_conversation", slow_open)
     with ServerThread(ServeOptions(demo_model_dir, port=0, max_sessions=1), model=model) as srv:
         async def scene():
             async with aiohttp.ClientSession() as http:
