@@ -29,6 +29,10 @@ from personaplex_edge.runtime.serve import ServeOptions  # noqa: E402
 
 # nothing dropped; audio pushed as fast as a test can is not cut off as running ahead
 EXACT = dict(sampling=SamplingParams(greedy=True), max_backlog=100_000, max_ahead_s=None)
+# the demo's voice bank: the names of the published one
+DEMO_VOICES = ["NATF0", "NATF1", "NATF2", "NATF3", "NATM0", "NATM1", "NATM2", "NATM3",
+               "VARF0", "VARF1", "VARF2", "VARF3", "VARF4", "VARM0", "VARM1", "VARM2", "VARM3",
+               "VARM4"]
 
 
 @pytest.fixture(scope="module")
@@ -430,14 +434,14 @@ def test_a_bad_persona_ends_its_session_with_the_reason(greedy_server, pages):
     async def scene():
         return [await talk(greedy_server.url, pages[:2], query=q, wait_handshake=False,
                            pace=None, tail_s=3) for q in (
-            "?voice_prompt=../../etc/passwd", "?voice_prompt=NATF0", "?text_topk=many",
+            "?voice_prompt=../../etc/passwd", "?voice_prompt=NATF9", "?text_topk=many",
             "?text_prompt=" + "hello%20there%20" * 100)]
 
     path, unknown, topk, long_prompt = asyncio.run(scene())
     assert path.errors == ["query parameter voice_prompt: '../../etc/passwd' is not a voice "
                            "name (a name from /api/voices, not a path)"]
-    assert unknown.errors == ["query parameter voice_prompt: no voice 'NATF0'; available: "
-                              "NATF2, NATM1"]
+    assert unknown.errors == ["query parameter voice_prompt: no voice 'NATF9'; available: "
+                              + ", ".join(DEMO_VOICES)]
     assert topk.errors == ["query parameter text_topk: 'many' is not a whole number"]
     assert len(long_prompt.errors) == 1 and "more than this model's context" in \
         long_prompt.errors[0]
@@ -458,7 +462,7 @@ def test_voices_health_and_metrics(greedy_server):
     voices, status, h, ctype, text, index, js = asyncio.run(scene())
     from personaplex_edge.runtime.persona import DEFAULT_TEXT_PROMPT
 
-    assert voices == {"voices": ["NATF2", "NATM1"], "default_voice": "NATF2",
+    assert voices == {"voices": DEMO_VOICES, "default_voice": "NATF2",
                       "default_text_prompt": DEFAULT_TEXT_PROMPT, "persona": True}
     assert status == 200 and h["status"] == "ok" and h["capacity"] == 8
     assert ctype.startswith("text/plain")
