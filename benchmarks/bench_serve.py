@@ -82,9 +82,9 @@ def opus_round_trip(pages: list[bytes]) -> np.ndarray:
 
 def reference_run(model_dir, pcm: np.ndarray, workdir: Path, *flags: str
                   ) -> tuple[str, np.ndarray]:
-    """What `personaplex-edge run` produces for `pcm` with the run's own flags: its text (the
-    per-frame pieces joined, as a client receives them) and its answer as the PCM16 samples of
-    its wav."""
+    """What `personaplex-edge run` produces for `pcm` (float32, or int16 samples written as
+    they are) with the run's own flags: its text (the per-frame pieces joined, as a client
+    receives them) and its answer as the PCM16 samples of its wav."""
     import soundfile as sf
 
     from personaplex_edge.audio import write_audio
@@ -92,7 +92,10 @@ def reference_run(model_dir, pcm: np.ndarray, workdir: Path, *flags: str
 
     workdir.mkdir(parents=True, exist_ok=True)
     wav, out, text = workdir / "in.wav", workdir / "out.wav", workdir / "text.json"
-    write_audio(wav, pcm, RATE)
+    if pcm.dtype == np.int16:
+        sf.write(str(wav), pcm, RATE, subtype="PCM_16")
+    else:
+        write_audio(wav, pcm, RATE)
     assert main(["run", "--model", str(model_dir), "--input", str(wav), "--output", str(out),
                  "--text-out", str(text), *flags]) == 0
     pieces = "".join(r for r in json.loads(text.read_text()) if r not in ("PAD", "EPAD"))

@@ -85,6 +85,20 @@ def write_audio(path: str | Path, pcm: np.ndarray, rate: int = MODEL_RATE) -> No
         sf.write(str(tmp), np.clip(pcm, -1.0, 1.0), rate, subtype="PCM_16", format="WAV")
 
 
+def pcm16_bytes(pcm: np.ndarray) -> bytes:
+    """float32 mono pcm [T] -> the 16-bit little-endian samples `write_audio` writes for it
+    (libsndfile's own conversion), so PCM16 sent elsewhere equals a written wav sample for
+    sample."""
+    import io
+
+    import soundfile as sf
+
+    buf = io.BytesIO()
+    sf.write(buf, np.clip(pcm, -1.0, 1.0), MODEL_RATE, format="RAW", subtype="PCM_16",
+             endian="LITTLE")
+    return buf.getvalue()
+
+
 def save_array_atomic(path: str | Path, array: np.ndarray) -> None:
     """np.save, atomically (same guarantees as write_audio)."""
     with atomic_file(path, suffix=".npy") as tmp:

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from personaplex_edge.audio import pcm16_bytes
+
 RATE = 24000  # Hz, both ways: the model's own rate, and the only one OpenAI's PCM has
 MAX_EVENT_BYTES = 15 << 20  # what OpenAI allows a client event (an append of ~5 minutes)
 PCM16 = "pcm16"
@@ -191,10 +193,8 @@ class PcmFrames:
         return frames, new.shape[0]
 
 
-def pcm16(pcm: np.ndarray) -> bytes:
-    """float32 samples -> PCM16 little-endian, rounded as libsndfile writes a PCM16 wav (the
-    `run` command's output), so both give the same samples."""
-    return np.rint(np.clip(pcm, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+# float32 samples -> PCM16 little-endian, as `run` writes its wav: the same samples both ways
+pcm16 = pcm16_bytes
 
 
 # -- server events --------------------------------------------------------------------------------
