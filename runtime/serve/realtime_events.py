@@ -139,8 +139,8 @@ def parse_session_update(event: dict) -> SessionUpdate:
         raise EventError("session.instructions must be a string", param="session.instructions",
                          event_id=event_id)
     voice, voice_param = _path(session, "audio", "output", "voice"), "session.audio.output.voice"
-    if voice is None:
-        voice, voice_param = session.get("voice"), "session.voice"
+    if voice is None and "voice" in session:
+        voice, voice_param = session["voice"], "session.voice"
     if isinstance(voice, dict):  # GA: a custom voice as {"id": ...}
         voice = voice.get("id")
     if voice is not None and not isinstance(voice, str):
