@@ -125,6 +125,15 @@ class ClientResult:
     events: list[dict] = field(default_factory=list)
     audio: bytes = b""  # /v1/realtime: the answer's PCM16, if kept
 
+    def heard(self, samples: int, sent_at: list[float]) -> None:
+        """`samples` more of the answer arrived now: each answer frame they complete is paired
+        with the frame sent as k-th for its round trip."""
+        before = self.answer_samples // FRAME
+        self.answer_samples += samples
+        now = time.perf_counter()
+        for k in range(before, min(self.answer_samples // FRAME, len(sent_at))):
+            self.round_trip_ms.append(1000 * (now - sent_at[k]))
+
     def round_trip(self) -> dict:
         if not self.round_trip_ms:
             return {}
@@ -168,12 +177,7 @@ async def talk(url: str, pages: list[bytes], query: str = "", pace: float | None
                     res.handshake_s = time.perf_counter() - t_connect
                     handshake.set()
                 elif kind == 1:
-                    before = res.answer_samples // FRAME
-                    res.answer_samples += len(reader.append_bytes(payload))
-                    now = time.perf_counter()
-                    for k in range(before, res.answer_samples // FRAME):
-                        if k < len(sent_at):
-                            res.round_trip_ms.append(1000 * (now - sent_at[k]))
+                    res.heard(len(reader.append_bytes(payload)), sent_at)
                 elif kind == 2:
                     res.text += payload.decode()
                     res.pieces += 1
@@ -183,8 +187,7 @@ async def talk(url: str, pages: list[bytes], query: str = "", pace: float | None
                     res.errors.append(payload.decode())
             res.close_code = ws.close_code
 
-        reading = asyncio.create_task(receive())
-        try:
+        async def stream() -> None:
             if wait_handshake:
                 await asyncio.wait_for(asyncio.shield(handshake.wait()), handshake_timeout)
             if start is not None:
@@ -199,18 +202,31 @@ async def talk(url: str, pages: list[bytes], query: str = "", pace: float | None
                 if chunk:
                     await ws.send_bytes(b"\x01" + chunk)
                 res.frames_sent += 1
-            deadline = time.perf_counter() + tail_s
-            while not reading.done() and time.perf_counter() < deadline:
-                if until_frames is not None and res.answer_samples // FRAME >= until_frames:
-                    break
-                await asyncio.sleep(0.01)
-        except (asyncio.TimeoutError, ConnectionResetError, aiohttp.ClientError):
-            pass
-        finally:
-            if not ws.closed:
-                await ws.close()
-            await reading
+
+        await _converse(ws, asyncio.create_task(receive()), stream(), res, tail_s,
+                        until_frames)
     return res
+
+
+async def _converse(ws, reading: asyncio.Task, stream, res: ClientResult, tail_s: float,
+                    until_frames: int | None) -> None:
+    """A client's conversation once connected and reading: `stream` (its audio), then `tail_s`
+    more of listening (or until `until_frames` answer frames came), then the close."""
+    import aiohttp
+
+    try:
+        await stream
+        deadline = time.perf_counter() + tail_s
+        while not reading.done() and time.perf_counter() < deadline:
+            if until_frames is not None and res.answer_samples // FRAME >= until_frames:
+                break
+            await asyncio.sleep(0.01)
+    except (asyncio.TimeoutError, ConnectionResetError, aiohttp.ClientError):
+        pass
+    finally:
+        if not ws.closed:
+            await ws.close()
+        await reading
 
 
 def realtime_url(url: str, query: str = "") -> str:
@@ -253,12 +269,7 @@ async def talk_realtime(url: str, pcm: np.ndarray, session: dict | None = None,
                 kind = event.get("type", "")
                 if kind.endswith("audio.delta"):
                     answer = base64.b64decode(event["delta"])
-                    before = res.answer_samples // FRAME
-                    res.answer_samples += len(answer) // 2
-                    now = time.perf_counter()
-                    for k in range(before, res.answer_samples // FRAME):
-                        if k < len(sent_at):
-                            res.round_trip_ms.append(1000 * (now - sent_at[k]))
+                    res.heard(len(answer) // 2, sent_at)
                     if keep:
                         audio.extend(answer)
                         event = {**event, "delta": len(answer)}
@@ -274,8 +285,7 @@ async def talk_realtime(url: str, pcm: np.ndarray, session: dict | None = None,
                     res.events.append(event)
             res.close_code = ws.close_code
 
-        reading = asyncio.create_task(receive())
-        try:
+        async def stream() -> None:
             if session is not None:
                 await ws.send_str(json.dumps({"type": "session.update", "session": session}))
                 await asyncio.wait_for(asyncio.shield(ready.wait()), ready_timeout)
@@ -294,19 +304,22 @@ async def talk_realtime(url: str, pcm: np.ndarray, session: dict | None = None,
                 await ws.send_str(json.dumps({"type": "input_audio_buffer.append",
                                               "audio": base64.b64encode(part).decode()}))
                 res.frames_sent = len(sent_at)
-            deadline = time.perf_counter() + tail_s
-            while not reading.done() and time.perf_counter() < deadline:
-                if until_frames is not None and res.answer_samples // FRAME >= until_frames:
-                    break
-                await asyncio.sleep(0.01)
-        except (asyncio.TimeoutError, ConnectionResetError, aiohttp.ClientError):
-            pass
-        finally:
-            if not ws.closed:
-                await ws.close()
-            await reading
+
+        await _converse(ws, asyncio.create_task(receive()), stream(), res, tail_s,
+                        until_frames)
     res.audio = bytes(audio)
     return res
+
+
+def wait_until(condition, timeout: float = 5.0) -> bool:
+    """Whether `condition()` came true within `timeout` seconds (a server's thread moves on
+    its own: its history, its slots)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 # -- the server in a thread -----------------------------------------------------------------------

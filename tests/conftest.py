@@ -70,3 +70,13 @@ def demo_model_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("demo_model") / "model"
     export_model(resolve_checkpoint(str(ckpt)), out, progress=lambda s: None)
     return out
+
+
+@pytest.fixture(scope="module")
+def demo_model(demo_model_dir):
+    """The demo model loaded for one test module (the servers of its tests share it)."""
+    from personaplex_edge.runtime.model import Model
+
+    m = Model.load(demo_model_dir)
+    yield m
+    m.close()

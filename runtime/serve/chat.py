@@ -12,18 +12,15 @@ on the event loop, and only whole 1920-sample frames reach the model.
 from __future__ import annotations
 
 import asyncio
-import logging
 
 import numpy as np
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSMessage, WSMsgType, web
 
 from . import protocol
 from .lifecycle import Wire, serve_websocket
 from .opus import OpusDecoder, OpusEncoder, OpusError
 from .params import ChatParams, parse_params
 from .session import ClientError, Session
-
-log = logging.getLogger("personaplex_edge.serve")
 
 STATS_INTERVAL = 1.0  # seconds between the metadata messages a `stats=1` client gets
 
@@ -58,6 +55,8 @@ class ChatWire(Wire):
     # handler sees the message, so a message just over MAX_MESSAGE_BYTES still gets its ERROR
     max_message_bytes = 4 * protocol.MAX_MESSAGE_BYTES
 
+    client_errors = (protocol.ProtocolError, OpusError, ClientError)
+
     def refusal(self, reason: str, stopping: bool) -> list[bytes | str]:
         return [protocol.error(reason)]
 
@@ -78,30 +77,16 @@ class ChatWire(Wire):
     def farewell(self, session: Session, reason: str | None, code: int) -> list[bytes | str]:
         return [protocol.error(reason)] if reason is not None else []
 
-    async def read(self, ws: web.WebSocketResponse, session: ChatSession) -> None:
-        try:
-            async for msg in ws:
-                if msg.type == WSMsgType.BINARY:
-                    kind, payload = protocol.parse(msg.data)
-                    if kind == protocol.Kind.AUDIO:
-                        dropped = session.receive_audio(payload)
-                        if dropped:
-                            self.state.stats.dropped.inc(dropped)
-                elif msg.type == WSMsgType.TEXT:
-                    raise protocol.ProtocolError("text WebSocket frames are not part of the "
-                                                 "protocol (every message is binary)")
-                elif msg.type == WSMsgType.ERROR:
-                    raise protocol.ProtocolError(f"bad WebSocket message: {ws.exception()}")
-        except (protocol.ProtocolError, OpusError, ClientError) as e:
-            session.end(str(e), WSCloseCode.POLICY_VIOLATION)
-            return
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # the server's fault: this session ends with it, said and logged
-            log.exception("session %d (%s): internal error reading", session.id, session.peer)
-            session.end(f"internal error: {e}", WSCloseCode.INTERNAL_ERROR)
-            return
-        session.end(None)  # the client closed
+    def receive(self, session: ChatSession, msg: WSMessage) -> None:
+        if msg.type == WSMsgType.TEXT:
+            raise protocol.ProtocolError("text WebSocket frames are not part of the protocol "
+                                         "(every message is binary)")
+        if msg.type == WSMsgType.BINARY:
+            kind, payload = protocol.parse(msg.data)
+            if kind == protocol.Kind.AUDIO:
+                dropped = session.receive_audio(payload)
+                if dropped:
+                    self.state.stats.dropped.inc(dropped)
 
 
 async def _report(session: Session) -> None:

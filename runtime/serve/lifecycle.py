@@ -20,13 +20,13 @@ import logging
 import socket
 from concurrent.futures import Future
 
-from aiohttp import WSCloseCode, web
+from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
 from personaplex_edge.errors import PersonaPlexError
 
 from .auth import authorized, origin_allowed
 from .params import ChatParams, ParamError
-from .session import Session
+from .session import ClientError, Session
 from .state import STATE, ServerState
 
 log = logging.getLogger("personaplex_edge.serve")
@@ -64,9 +64,11 @@ class Wire:
         ends the session with its message."""
         raise NotImplementedError
 
-    async def read(self, ws: web.WebSocketResponse, session: Session) -> None:
-        """The client's messages until it leaves (`session.end(None)`) or sends what ends its
-        session (`session.end(reason, code)`)."""
+    # what a client may send that ends its session (1008), its message the reason
+    client_errors: tuple[type[Exception], ...] = (ClientError,)
+
+    def receive(self, session: Session, msg: WSMessage) -> None:
+        """One text or binary message of the client (on the event loop)."""
         raise NotImplementedError
 
     def ready(self, session: Session) -> None:
@@ -136,7 +138,7 @@ async def _converse(state: ServerState, wire: Wire, ws: web.WebSocketResponse,
     prefill: Future | None = None
     reason: str | None = None
     code = WSCloseCode.OK
-    tasks: list[asyncio.Task] = [asyncio.create_task(wire.read(ws, session)),
+    tasks: list[asyncio.Task] = [asyncio.create_task(_read(wire, ws, session)),
                                  asyncio.create_task(_write(ws, session))]
     try:
         session.params = await _until_ended(session, asyncio.ensure_future(wire.params(session)))
@@ -211,6 +213,26 @@ async def _until_ended(session: Session, work: asyncio.Future):
         return work.result()
     work.cancel()
     return None
+
+
+async def _read(wire: Wire, ws: web.WebSocketResponse, session: Session) -> None:
+    """The client's messages, until it leaves or sends what ends its session."""
+    try:
+        async for msg in ws:
+            if msg.type == WSMsgType.ERROR:
+                raise ClientError(f"bad WebSocket message: {ws.exception()}")
+            wire.receive(session, msg)
+    except wire.client_errors as e:
+        session.end(str(e), WSCloseCode.POLICY_VIOLATION)
+        return
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # the server's fault: this session ends with it, said and logged
+        log.exception("session %d (%s, %s): internal error reading", session.id, session.peer,
+                      wire.name)
+        session.end(f"internal error: {e}", WSCloseCode.INTERNAL_ERROR)
+        return
+    session.end(None)  # the client closed
 
 
 async def _write(ws: web.WebSocketResponse, session: Session) -> None:

@@ -21,21 +21,18 @@ session goes on.
 from __future__ import annotations
 
 import asyncio
-import logging
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
 from .lifecycle import Wire, serve_websocket
 from .params import MAX_TEXT_PROMPT_CHARS, ChatParams, ParamError
 from .realtime_events import (MAX_EVENT_BYTES, PCM16, EventError, PcmFrames, Response,
                               ServerEvents, SessionUpdate, SessionView, audio_bytes,
                               beta_requested, new_id, parse, parse_session_update, pcm16)
-from .session import ClientError, Session
-
-log = logging.getLogger("personaplex_edge.serve")
+from .session import Session
 
 # seconds a client that streams before any session.update has to send one: pipecat, say, sends
 # its update when session.created arrives, while its audio may already be flowing
@@ -143,7 +140,7 @@ class RealtimeWire(Wire):
                  code: int) -> list[bytes | str]:
         if reason is None:  # the client left: nobody to tell
             return []
-        if code == WSCloseCode.GOING_AWAY:  # the server stops: the response ends, the close says why
+        if code == WSCloseCode.GOING_AWAY:  # the server stops: the close frame says why
             return session.close_response("incomplete", {"type": "incomplete"})
         kind = "server_error" if code == WSCloseCode.INTERNAL_ERROR else "invalid_request_error"
         return session.close_response("failed", {"type": "failed", "error": {
@@ -154,34 +151,20 @@ class RealtimeWire(Wire):
             self._grace.cancel()
 
     # -- the client's events ----------------------------------------------------------------------
-    async def read(self, ws: web.WebSocketResponse, session: RealtimeSession) -> None:
-        try:
-            async for msg in ws:
-                if msg.type == WSMsgType.TEXT:
-                    event = None
-                    try:
-                        event = parse(msg.data)
-                        self._handle(session, event)
-                    except EventError as e:
-                        client_id = e.event_id or (event or {}).get("event_id")
-                        session.send(self.events.error(str(e), code=e.code, param=e.param,
-                                                       event_id=client_id))
-                elif msg.type == WSMsgType.BINARY:
-                    session.send(self.events.error(
-                        "binary WebSocket messages are not part of the protocol: send JSON "
-                        "text events", code="invalid_event"))
-                elif msg.type == WSMsgType.ERROR:
-                    raise ClientError(f"bad WebSocket message: {ws.exception()}")
-        except ClientError as e:
-            session.end(str(e), WSCloseCode.POLICY_VIOLATION)
-            return
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # the server's fault: this session ends with it, said and logged
-            log.exception("session %d (%s): internal error reading", session.id, session.peer)
-            session.end(f"internal error: {e}", WSCloseCode.INTERNAL_ERROR)
-            return
-        session.end(None)  # the client closed
+    def receive(self, session: RealtimeSession, msg: WSMessage) -> None:
+        if msg.type == WSMsgType.BINARY:
+            session.send(self.events.error("binary WebSocket messages are not part of the "
+                                           "protocol: send JSON text events",
+                                           code="invalid_event"))
+        elif msg.type == WSMsgType.TEXT:
+            event = None
+            try:
+                event = parse(msg.data)
+                self._handle(session, event)
+            except EventError as e:  # answered; the session goes on
+                client_id = e.event_id or (event or {}).get("event_id")
+                session.send(self.events.error(str(e), code=e.code, param=e.param,
+                                               event_id=client_id))
 
     def _handle(self, session: RealtimeSession, event: dict) -> None:
         kind = event["type"]
