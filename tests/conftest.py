@@ -80,3 +80,18 @@ def demo_model(demo_model_dir):
     m = Model.load(demo_model_dir)
     yield m
     m.close()
+
+
+@pytest.fixture(scope="module")
+def greedy_server(demo_model, demo_model_dir):
+    """`serve` on the demo model answering exactly what `run --greedy` says: greedy, nothing
+    dropped, audio taken as fast as a test sends it."""
+    from bench_serve import ServerThread
+
+    from personaplex_edge.runtime.sampling import SamplingParams
+    from personaplex_edge.runtime.serve import ServeOptions
+
+    with ServerThread(ServeOptions(demo_model_dir, port=0, max_sessions=8,
+                                   sampling=SamplingParams(greedy=True), max_backlog=100_000,
+                                   max_ahead_s=None), model=demo_model) as srv:
+        yield srv

@@ -27,19 +27,13 @@ from bench_serve import (FRAME, ServerThread, opus_pages, opus_round_trip,  # no
 from personaplex_edge.runtime.sampling import SamplingParams  # noqa: E402
 from personaplex_edge.runtime.serve import ServeOptions  # noqa: E402
 
-# nothing dropped; audio pushed as fast as a test can is not cut off as running ahead
+# as conftest's greedy_server: nothing dropped; audio pushed as fast as a test can is not cut
+# off as running ahead
 EXACT = dict(sampling=SamplingParams(greedy=True), max_backlog=100_000, max_ahead_s=None)
 # the demo's voice bank: the names of the published one
 DEMO_VOICES = ["NATF0", "NATF1", "NATF2", "NATF3", "NATM0", "NATM1", "NATM2", "NATM3",
                "VARF0", "VARF1", "VARF2", "VARF3", "VARF4", "VARM0", "VARM1", "VARM2", "VARM3",
                "VARM4"]
-
-
-@pytest.fixture(scope="module")
-def greedy_server(demo_model, demo_model_dir):
-    with ServerThread(ServeOptions(demo_model_dir, port=0, max_sessions=8, **EXACT),
-                      model=demo_model) as srv:
-        yield srv
 
 
 @pytest.fixture(scope="module")

@@ -29,23 +29,14 @@ from bench_serve import (FRAME, FRAME_S, ServerThread, realtime_url, reference_r
 from pydantic import TypeAdapter  # noqa: E402
 
 from personaplex_edge.runtime.persona import DEFAULT_TEXT_PROMPT  # noqa: E402
-from personaplex_edge.runtime.sampling import SamplingParams  # noqa: E402
 from personaplex_edge.runtime.serve import ServeOptions  # noqa: E402
 from personaplex_edge.runtime.serve.realtime_events import pcm16  # noqa: E402
 
-EXACT = dict(sampling=SamplingParams(greedy=True), max_backlog=100_000, max_ahead_s=None)
 FRAME_BYTES = 2 * FRAME  # PCM16
 GA_ONLY = {"response.output_audio.delta", "response.output_audio_transcript.delta",
            "conversation.item.added"}
 BETA_ONLY = {"response.audio.delta", "response.audio_transcript.delta",
              "conversation.item.created"}
-
-
-@pytest.fixture(scope="module")
-def greedy_server(demo_model, demo_model_dir):
-    with ServerThread(ServeOptions(demo_model_dir, port=0, max_sessions=4, **EXACT),
-                      model=demo_model) as srv:
-        yield srv
 
 
 @pytest.fixture(scope="module")
