@@ -8,6 +8,7 @@ measure their round trip (a frame sent -> its answer frame decoded).
     python benchmarks/bench_serve.py --model demo --clients 4 --seconds 60
     python benchmarks/bench_serve.py --model demo --sweep --seconds 20 [--json out.json]
     python benchmarks/bench_serve.py --model demo --sweep --seconds 20 --protocol realtime
+    python benchmarks/bench_serve.py --model demo --sweep --seconds 20 --protocol chat,realtime
     python benchmarks/bench_serve.py --model mid --sweep --seconds 20 [--precision int8]
     python benchmarks/bench_serve.py --model demo --startup 10     # cold and warm personas
 
@@ -498,9 +499,10 @@ def main() -> None:
     p.add_argument("--model", default="demo", help="demo, mid, or a model directory")
     p.add_argument("--precision", default="fp32",
                    help="with --model mid: the export's --precision (fp32, int8, ...)")
-    p.add_argument("--protocol", choices=("chat", "realtime"), default="chat",
-                   help="the clients' protocol: /api/chat (Ogg/Opus) or /v1/realtime (PCM16 "
-                        "in JSON)")
+    p.add_argument("--protocol", default="chat",
+                   help="the clients' protocol: chat (/api/chat, Ogg/Opus) or realtime "
+                        "(/v1/realtime, PCM16 in JSON); chat,realtime: both, each step of a "
+                        "sweep run for one then the other, so both meet the same machine")
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--seconds", type=float, default=60.0)
     p.add_argument("--sweep", action="store_true",
@@ -514,6 +516,9 @@ def main() -> None:
                         "handshake and -> first answer frame")
     args = p.parse_args()
 
+    protocols = args.protocol.split(",")
+    if not set(protocols) <= {"chat", "realtime"} or (args.startup and len(protocols) > 1):
+        p.error("--protocol: chat, realtime, or (without --startup) chat,realtime")
     from personaplex_edge.cli import resolve_model
     from personaplex_edge.runtime.serve.server import ServeOptions
 
@@ -530,22 +535,29 @@ def main() -> None:
     with ServerThread(options) as srv:
         log(f"serving {model_dir} at {srv.url} (batch {srv.server.model.batch})")
         if args.startup:
-            report["startup"] = run_startup(srv, args.startup, args.protocol)
+            report["startup"] = run_startup(srv, args.startup, protocols[0])
             for way, figures in report["startup"].items():
                 log(f"{way}: connect -> handshake p50 {np.median(figures['handshake_ms']):.1f}"
                     f" ms (max {max(figures['handshake_ms']):.1f}), -> first answer frame p50 "
                     f"{np.median(figures['first_answer_ms']):.1f} ms")
         else:
             runs = report["runs"] = []
+            going = list(protocols)
             for n in counts:
-                r = run_load(srv, n, args.seconds, args.protocol)
-                print_run(r)
-                runs.append(r)
-                if args.sweep and not r["keeps_up"]:
+                for protocol in list(going):
+                    r = run_load(srv, n, args.seconds, protocol)
+                    print_run(r)
+                    runs.append(r)
+                    if args.sweep and not r["keeps_up"]:
+                        going.remove(protocol)
+                if not going:
                     break
-            held = [r["clients"] for r in runs if r["keeps_up"]]
-            report["largest_that_keeps_up"] = max(held) if held else 0
-            log(f"largest number of sessions that keeps up: {max(held) if held else 0}")
+            held = report["largest_that_keeps_up"] = {
+                protocol: max([r["clients"] for r in runs
+                               if r["protocol"] == protocol and r["keeps_up"]], default=0)
+                for protocol in protocols}
+            for protocol, n in held.items():
+                log(f"{protocol}: largest number of sessions that keeps up: {n}")
     print(json.dumps(report, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
