@@ -1,8 +1,9 @@
 """Loading the model, serving until a signal, and stopping cleanly.
 
 The server owns its aiohttp AppRunner. On SIGINT or SIGTERM it stops taking sessions, tells
-every open session why it ends (ERROR "the server is shutting down"), waits for their handlers
-to close them and free their rows, and only then lets the tick thread, the prefill thread and
+every open session why it ends, each in its protocol ("the server is shutting down": /api/chat's
+ERROR; /v1/realtime's response.done and the close frame), waits for their handlers to close
+them (1001) and free their rows, and only then lets the tick thread, the prefill thread and
 the model go. `personaplex-edge serve` then exits 0.
 """
 
