@@ -8,12 +8,14 @@ measure their round trip (a frame sent -> its answer frame decoded).
     python benchmarks/bench_serve.py --model demo --clients 4 --seconds 60
     python benchmarks/bench_serve.py --model demo --sweep --seconds 20 [--json out.json]
     python benchmarks/bench_serve.py --model demo --sweep --seconds 20 --protocol realtime
-    python benchmarks/bench_serve.py --model demo --sweep --seconds 20 --protocol chat,realtime
+    python benchmarks/bench_serve.py --model demo --clients 1,4,8,12 --protocol chat,realtime
     python benchmarks/bench_serve.py --model mid --sweep --seconds 20 [--precision int8]
     python benchmarks/bench_serve.py --model demo --startup 10     # cold and warm personas
 
 "Keeps up" means: zero drops in every session and every session's frame p99 under 80 ms.
 `--sweep` raises the number of clients until that fails and reports the largest that held.
+With `--protocol chat,realtime` each step runs once per protocol, one after the other, so both
+meet the same load on a shared machine.
 The server runs in this process (its own thread and event loop, as `serve` runs it); the
 clients run in a child process, so their Opus work does not share the server's interpreter.
 `--model mid` is the benchmarks' mid LM (benchmarks/mid_model.py) with the real-size Mimi,
@@ -503,7 +505,9 @@ def main() -> None:
                    help="the clients' protocol: chat (/api/chat, Ogg/Opus) or realtime "
                         "(/v1/realtime, PCM16 in JSON); chat,realtime: both, each step of a "
                         "sweep run for one then the other, so both meet the same machine")
-    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--clients", default="4",
+                   help="clients at once; a comma-separated list runs each in turn (4,8,12), "
+                        "every one, where --sweep stops at the first that falls behind")
     p.add_argument("--seconds", type=float, default=60.0)
     p.add_argument("--sweep", action="store_true",
                    help="raise --clients until the server no longer keeps up")
@@ -524,7 +528,7 @@ def main() -> None:
 
     model_dir = (mid_model_dir(args.precision) if args.model == "mid"
                  else resolve_model(args.model, log))
-    counts = [args.clients]
+    counts = [int(n) for n in args.clients.split(",")]
     if args.sweep:
         counts = [1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 18, 20, 24, 32, 48, 64]
         counts = [c for c in counts if c <= args.max_clients]
