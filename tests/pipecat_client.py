@@ -62,7 +62,12 @@ async def main(url: str, speech: bytes, seconds: float) -> dict:
             await worker.queue_frame(InputAudioRawFrame(audio=chunk, sample_rate=24000,
                                                         num_channels=1))
             await asyncio.sleep(max(0.0, t0 + (i + 1) * 0.08 - loop.time()))
-        await asyncio.sleep(1.0)  # the last answers
+        # the last answers: until none has come for half a second
+        heard, since, end = -1, loop.time(), loop.time() + 10
+        while loop.time() - since < 0.5 and loop.time() < end:
+            if seen["audio_frames"] != heard:
+                heard, since = seen["audio_frames"], loop.time()
+            await asyncio.sleep(0.05)
         await worker.queue_frame(EndFrame())
 
     await asyncio.gather(runner.run(), microphone())
