@@ -54,7 +54,6 @@ class ChatWire(Wire):
     # aiohttp's own limit sits above the protocol's: past it aiohttp closes (1009) before the
     # handler sees the message, so a message just over MAX_MESSAGE_BYTES still gets its ERROR
     max_message_bytes = 4 * protocol.MAX_MESSAGE_BYTES
-
     client_errors = (protocol.ProtocolError, OpusError, ClientError)
 
     def refusal(self, reason: str, stopping: bool) -> list[bytes | str]:

@@ -46,6 +46,8 @@ class Wire:
 
     name = ""  # the protocol's name in the logs
     max_message_bytes = 1 << 20  # aiohttp closes (1009) past this, before the handler sees it
+    # what a client may send that ends its session (1008), its message the reason
+    client_errors: tuple[type[Exception], ...] = (ClientError,)
 
     def __init__(self, request: web.Request):
         self.request = request
@@ -63,9 +65,6 @@ class Wire:
         """The session's sampling and persona, once the protocol knows them. ParamError
         ends the session with its message."""
         raise NotImplementedError
-
-    # what a client may send that ends its session (1008), its message the reason
-    client_errors: tuple[type[Exception], ...] = (ClientError,)
 
     def receive(self, session: Session, msg: WSMessage) -> None:
         """One text or binary message of the client (on the event loop)."""
