@@ -46,13 +46,13 @@ def _read_exactly(stream, n: int) -> bytes:
 
 
 def _stdio_fps(model_dir, pcm: np.ndarray, threads: int) -> float:
-    from personaplex_edge.audio import to_pcm16
+    from personaplex_edge.audio import pcm16_bytes
 
     child = subprocess.Popen(
         [sys.executable, "-m", "personaplex_edge.cli", "stdio", "--model", str(model_dir),
          "--device", "cpu", "--threads", str(threads), "--no-persona", "--greedy"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    data = to_pcm16(pcm).astype("<i2").tobytes()
+    data = pcm16_bytes(pcm)
     warm = data[:20 * 3840]
 
     def message(payload: bytes) -> bytes:

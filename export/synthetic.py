@@ -105,9 +105,15 @@ def write_voices_tgz(path: str | Path, voices: dict[str, dict[str, torch.Tensor]
     return Path(path)
 
 
+# The names of the published voice bank (natural and varied, female and male): clients ask for
+# them by name (PersonaPlex's web client for NATF0.pt), so the demo's bank has them all.
+BANK_NAMES = tuple([f"NATF{i}" for i in range(4)] + [f"NATM{i}" for i in range(4)]
+                   + [f"VARF{i}" for i in range(5)] + [f"VARM{i}" for i in range(5)])
+
+
 @torch.no_grad()
 def random_voices(cfg: PersonaPlexConfig, lm: dict[str, torch.Tensor], seed: int = 0,
-                  names: tuple[str, ...] = ("NATF2", "NATM1")) -> dict[str, dict[str, torch.Tensor]]:
+                  names: tuple[str, ...] = BANK_NAMES) -> dict[str, dict[str, torch.Tensor]]:
     """Voice prompts as the reference records them: the summed input embedding of each frame of
     random tokens, from the model's own tables, and a token ring after them."""
     gen = torch.Generator().manual_seed(seed + 3)

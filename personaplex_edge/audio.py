@@ -93,6 +93,12 @@ def write_audio(path: str | Path, pcm: np.ndarray, rate: int = MODEL_RATE) -> No
         sf.write(str(tmp), to_pcm16(pcm), rate, subtype="PCM_16", format="WAV")
 
 
+def pcm16_bytes(pcm: np.ndarray) -> bytes:
+    """float32 mono pcm [T] -> the 16-bit little-endian samples `write_audio` writes for it,
+    so PCM16 sent elsewhere (stdio, OpenAI Realtime) equals a written wav sample for sample."""
+    return to_pcm16(pcm).astype("<i2", copy=False).tobytes()
+
+
 def save_array_atomic(path: str | Path, array: np.ndarray) -> None:
     """np.save, atomically (same guarantees as write_audio)."""
     with atomic_file(path, suffix=".npy") as tmp:

@@ -28,6 +28,17 @@ def _note(message: str) -> None:
     print(message, file=sys.stderr)
 
 
+def _need_serve_extra() -> None:
+    # checked before the server's modules are imported: they import these at their top
+    for module in ("aiohttp", "sphn", "prometheus_client"):
+        try:
+            __import__(module)
+        except ImportError:
+            raise PersonaPlexError(
+                f"serve needs the serve extra ({module} is missing): pip install "
+                '"personaplex-edge[serve]"') from None
+
+
 def cmd_export(args) -> int:
     if args.push_to_hub:  # no token: refused now, not after an hour of export
         from .publish import require_token
@@ -408,8 +419,9 @@ def cmd_devices(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    """The moshi/PersonaPlex WebSocket protocol and a web page, until Ctrl-C
-    (runtime/serve)."""
+    """The moshi/PersonaPlex and OpenAI Realtime WebSocket protocols and a web page, until
+    Ctrl-C (runtime/serve)."""
+    _need_serve_extra()
     from .runtime.persona import Persona
     from .runtime.serve import ServeOptions, serve
 
@@ -418,6 +430,7 @@ def cmd_serve(args) -> int:
         model_dir=model_dir, model_name=args.model if not Path(args.model).is_dir()
         else model_dir.name, host=args.host, port=args.port, max_sessions=args.max_sessions,
         ssl_dir=Path(args.ssl) if args.ssl else None, auth_token=args.auth_token,
+        allowed_origins=tuple(args.allowed_origins.split(",")) if args.allowed_origins else (),
         voice_dir=Path(args.voice_dir) if args.voice_dir else None, sampling=_sampling(args),
         persona=Persona(text_prompt=args.text_prompt, voice=args.voice_prompt,
                         enabled=not args.no_persona),
@@ -615,8 +628,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "off as serve runs (its clients cancel their own echo)")
     b.set_defaults(func=cmd_bench)
 
-    v = sub.add_parser("serve", help="the moshi/PersonaPlex WebSocket protocol and a web page: "
-                                     "several conversations on one model")
+    v = sub.add_parser("serve", help="the moshi/PersonaPlex (/api/chat) and OpenAI Realtime "
+                                     "(/v1/realtime) WebSocket protocols and a web page: several "
+                                     "conversations on one model")
     _add_conversation_args(v, model_default="models/personaplex-7b-v1")
     v.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (127.0.0.1: this machine only; 0.0.0.0: all)")
@@ -627,8 +641,13 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--ssl", metavar="DIR", help="serve https/wss with DIR/cert.pem and DIR/key.pem "
                                                "(a browser's microphone needs it beyond localhost)")
     v.add_argument("--auth-token", default=os.environ.get("PERSONAPLEX_AUTH_TOKEN"),
-                   help="/api/chat needs this token (?token= or Authorization: Bearer); "
+                   help="the WebSockets need this token (?token= or Authorization: Bearer); "
                         "default: $PERSONAPLEX_AUTH_TOKEN, which other users cannot see in ps")
+    v.add_argument("--allowed-origins", metavar="ORIGINS",
+                   default=os.environ.get("PERSONAPLEX_ALLOWED_ORIGINS"),
+                   help="browser pages that may open the WebSockets besides the server's own, "
+                        "comma-separated (http://localhost:3000,https://app.example.com; *: "
+                        "any); clients that send no Origin (SDKs) are not affected")
     v.add_argument("--voice-dir", help="recordings clients may name as voice_prompt, besides the "
                                        "voice bank")
     _add_backlog_arg(v)

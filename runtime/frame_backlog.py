@@ -38,6 +38,15 @@ class FrameBacklog:
         self._on_ready()
         return dropped
 
+    def trim(self, keep: int) -> int:
+        """Drops all but the newest `keep` frames; returns how many it dropped."""
+        with self._lock:
+            dropped = max(0, len(self._frames) - keep)
+            for _ in range(dropped):
+                self._frames.popleft()
+            self.dropped += dropped
+        return dropped
+
     def take(self) -> tuple[np.ndarray, float] | None:
         with self._lock:
             return self._frames.popleft() if self._frames else None

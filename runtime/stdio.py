@@ -30,11 +30,12 @@ import sys
 import threading
 from typing import BinaryIO, Callable, Iterator
 
+from personaplex_edge.audio import pcm16_bytes
 from personaplex_edge.errors import PersonaPlexError
 
 from .frame_backlog import FrameBacklog
 from .message_kind import Kind
-from .pcm16 import Pcm16Framer, pcm16_bytes
+from .pcm_frames import PcmFrames
 
 MAX_MESSAGE_BYTES = 1 << 20  # kind byte + payload; 1 MiB of PCM16 is ~22 s of audio
 _HEADER = struct.Struct("<I")
@@ -88,7 +89,7 @@ def write_message(stream: BinaryIO, kind: Kind, payload: bytes = b"") -> None:
     stream.write(_HEADER.pack(len(payload) + 1) + bytes([kind]) + payload)
 
 
-def _frames_lossless(stdin: BinaryIO, framer: Pcm16Framer, pong: Callable[[bytes], None]
+def _frames_lossless(stdin: BinaryIO, framer: PcmFrames, pong: Callable[[bytes], None]
                      ) -> Iterator:
     """Frames in the order stdin brings them, read only when the last ones are answered."""
     while (message := read_message(stdin)) is not None:
@@ -96,7 +97,7 @@ def _frames_lossless(stdin: BinaryIO, framer: Pcm16Framer, pong: Callable[[bytes
         if kind == Kind.PING:
             pong(payload)
             continue
-        yield from framer.push(payload)
+        yield from framer.feed(payload)[0]
     last = framer.flush()
     if last is not None:
         yield last
@@ -106,7 +107,7 @@ class _LiveReader:
     """stdin read as it comes, on a thread, into a FrameBacklog (the oldest dropped beyond
     `max_backlog` frames); frames() gives them to the conversation as they are ready."""
 
-    def __init__(self, stdin: BinaryIO, framer: Pcm16Framer, max_backlog: int,
+    def __init__(self, stdin: BinaryIO, framer: PcmFrames, max_backlog: int,
                  pong: Callable[[bytes], None]):
         self._ready = threading.Condition()
         self.backlog = FrameBacklog(max_backlog, self._notify)
@@ -156,7 +157,7 @@ def run_stdio(conv, stdin: BinaryIO, stdout: BinaryIO, max_backlog_frames: int |
             write_message(stdout, kind, payload)
             stdout.flush()
 
-    framer = Pcm16Framer(conv.frame_size)
+    framer = PcmFrames(conv.frame_size)
     pong = lambda payload: send(Kind.PING, payload)  # noqa: E731
     send(Kind.HANDSHAKE)
     reader = None

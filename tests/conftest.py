@@ -101,3 +101,28 @@ def tiny_export(tmp_path_factory) -> Path:
     import fake_gpu
 
     return fake_gpu.export_tiny(tmp_path_factory.mktemp("tiny_export"))
+
+
+@pytest.fixture(scope="module")
+def demo_model(demo_model_dir):
+    """The demo model loaded for one test module (the servers of its tests share it)."""
+    from personaplex_edge.runtime.api import Model
+
+    m = Model.load(demo_model_dir)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def greedy_server(demo_model, demo_model_dir):
+    """`serve` on the demo model answering exactly what `run --greedy` says: greedy, nothing
+    dropped, audio taken as fast as a test sends it."""
+    from bench_serve import ServerThread
+
+    from personaplex_edge.runtime.sampling import SamplingParams
+    from personaplex_edge.runtime.serve import ServeOptions
+
+    with ServerThread(ServeOptions(demo_model_dir, port=0, max_sessions=8,
+                                   sampling=SamplingParams(greedy=True), max_backlog=100_000,
+                                   max_ahead_s=None), model=demo_model) as srv:
+        yield srv

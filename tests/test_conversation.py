@@ -330,7 +330,7 @@ def test_run_errors_are_one_message_and_leave_no_output(case, tiny_full_model, t
     assert rc == 2 and err.count("error:") == 1 and "Traceback" not in err
     assert {"long-prompt": "context", "codec-only": "holds only the codec",
             "bad-input": "cannot read", "no-voice-bank": "no voice bank",
-            "unknown-voice": "available: NATF2, NATM1",
+            "unknown-voice": "available: NATF0, NATF1, NATF2, NATF3, NATM0, NATM1",
             "no-tokenizer": "has no text tokenizer"}[case] in err
     assert not (tmp_path / "out.wav").exists() and not (tmp_path / "out.json").exists()
 

@@ -22,36 +22,25 @@ pytest.importorskip("prometheus_client")
 
 import aiohttp  # noqa: E402
 from bench_serve import (FRAME, ServerThread, opus_pages, opus_round_trip,  # noqa: E402
-                         reference_text, speech, talk)
+                         reference_text, speech, talk, wait_until)
 
 from personaplex_edge.runtime.sampling import SamplingParams  # noqa: E402
 from personaplex_edge.runtime.serve import ServeOptions  # noqa: E402
 
-# nothing dropped; audio pushed as fast as a test can is not cut off as running ahead
+# as conftest's greedy_server: nothing dropped; audio pushed as fast as a test can is not cut
+# off as running ahead
 EXACT = dict(sampling=SamplingParams(greedy=True), max_backlog=100_000, max_ahead_s=None)
+# the demo's voice bank: the names of the published one
+DEMO_VOICES = ["NATF0", "NATF1", "NATF2", "NATF3", "NATM0", "NATM1", "NATM2", "NATM3",
+               "VARF0", "VARF1", "VARF2", "VARF3", "VARF4", "VARM0", "VARM1", "VARM2", "VARM3",
+               "VARM4"]
 
 
 @pytest.fixture(scope="module")
-def model(demo_model_dir):
-    from personaplex_edge.runtime.api import Model
-
-    m = Model.load(demo_model_dir)
-    yield m
-    m.close()
-
-
-@pytest.fixture(scope="module")
-def greedy_server(model, demo_model_dir):
-    with ServerThread(ServeOptions(demo_model_dir, port=0, max_sessions=8, **EXACT),
-                      model=model) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def sampling_server(model, demo_model_dir):
+def sampling_server(demo_model, demo_model_dir):
     """The reference's sampling defaults (not greedy), nothing dropped."""
     with ServerThread(ServeOptions(demo_model_dir, port=0, max_backlog=100_000),
-                      model=model) as srv:
+                      model=demo_model) as srv:
         yield srv
 
 
@@ -69,15 +58,6 @@ def reference(demo_model_dir, pages, tmp_path_factory):
 
 def chat(srv, pages, **kw):
     return asyncio.run(talk(srv.url, pages, **kw))
-
-
-def wait_until(condition, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 # -- correctness end to end ----------------------------------------------------------------------
@@ -115,7 +95,7 @@ def test_personaplex_query_parameters_are_honoured(sampling_server, demo_model_d
     assert plain.text != r.text
 
 
-def test_a_voice_from_the_voice_dir(model, demo_model_dir, pages, tmp_path, reference):
+def test_a_voice_from_the_voice_dir(demo_model, demo_model_dir, pages, tmp_path, reference):
     """A client names a recording of --voice-dir (by file name or stem): its conversation is
     `run --voice-prompt` on that file; /api/voices lists it beside the bank."""
     import soundfile as sf
@@ -125,7 +105,7 @@ def test_a_voice_from_the_voice_dir(model, demo_model_dir, pages, tmp_path, refe
     sf.write(voices / "mine.wav", speech(3.0), 24000)
     n = len(opus_round_trip(pages)) // FRAME
     with ServerThread(ServeOptions(demo_model_dir, port=0, voice_dir=voices, **EXACT),
-                      model=model) as srv:
+                      model=demo_model) as srv:
         r = chat(srv, pages, query="?voice_prompt=mine", pace=None, until_frames=n, tail_s=10)
 
         async def listed():
@@ -257,10 +237,10 @@ def test_a_client_that_stops_reading_is_cut_off(greedy_server, caplog):
 
 
 # -- latency: drop the oldest, count it -----------------------------------------------------------
-def test_a_session_that_falls_behind_drops_its_oldest_frames(model, demo_model_dir, pages):
+def test_a_session_that_falls_behind_drops_its_oldest_frames(demo_model, demo_model_dir, pages):
     # a server too slow for its clients, played by one client sending far ahead of the clock
     with ServerThread(ServeOptions(demo_model_dir, port=0, max_backlog=2, max_ahead_s=None),
-                      model=model) as srv:
+                      model=demo_model) as srv:
         burst = opus_pages(speech(16.0))  # 200 frames sent at once: far faster than real time
         r = chat(srv, burst, pace=None, tail_s=3)
         assert not r.errors
@@ -278,12 +258,12 @@ def test_a_session_that_falls_behind_drops_its_oldest_frames(model, demo_model_d
         assert f"personaplex_dropped_frames_total {float(s['dropped'])}" in text
 
 
-def test_a_client_streaming_far_ahead_of_the_clock_is_ended(model, demo_model_dir, pages):
+def test_a_client_streaming_far_ahead_of_the_clock_is_ended(demo_model, demo_model_dir, pages):
     """Audio pushed far faster than real time (30 s of it at once) would take the other
     sessions' CPU in Opus decoding: past 10 s ahead of the clock the session ends with ERROR
     and 1008; a burst within the allowance (4 s at once) is served."""
     with ServerThread(ServeOptions(demo_model_dir, port=0,
-                                   sampling=SamplingParams(greedy=True)), model=model) as srv:
+                                   sampling=SamplingParams(greedy=True)), model=demo_model) as srv:
         flood = chat(srv, opus_pages(speech(30.0)), pace=None, tail_s=5)
         burst = chat(srv, pages, pace=None, until_frames=10, tail_s=10)
     assert len(flood.errors) == 1 and "faster than real time" in flood.errors[0]
@@ -302,19 +282,20 @@ def test_one_message_of_many_seconds_is_decoded_whole(greedy_server):
 
 
 def test_a_client_that_leaves_during_its_prefill_frees_its_slot_at_once(
-        model, demo_model_dir, monkeypatch):
+        demo_model, demo_model_dir, monkeypatch):
     """The slot of a client gone mid-prefill is free within a second, not when its (here
     3 s) prefill ends; the conversation it would have had is closed when that prefill ends."""
-    from personaplex_edge.runtime.serve import chat as chat_module
+    from personaplex_edge.runtime.serve import lifecycle
 
-    slow = chat_module._open_conversation
+    slow = lifecycle._open_conversation
 
     def slow_open(state, params):
         time.sleep(3.0)
         return slow(state, params)
 
-    monkeypatch.setattr(chat_module, "_open_conversation", slow_open)
-    with ServerThread(ServeOptions(demo_model_dir, port=0, max_sessions=1), model=model) as srv:
+    monkeypatch.setattr(lifecycle, "_open_conversation", slow_open)
+    with ServerThread(ServeOptions(demo_model_dir, port=0, max_sessions=1),
+                      model=demo_model) as srv:
         async def scene():
             async with aiohttp.ClientSession() as http:
                 ws = await http.ws_connect(srv.url.replace("http", "ws") + "api/chat")
@@ -328,7 +309,7 @@ def test_a_client_that_leaves_during_its_prefill_frees_its_slot_at_once(
 
         freed_s = asyncio.run(scene())
         assert freed_s < 1.0
-        assert wait_until(lambda: model.open_conversations == 0, timeout=6)
+        assert wait_until(lambda: demo_model.open_conversations == 0, timeout=6)
 
 
 def test_a_long_text_prompt_reaches_the_server(greedy_server):
@@ -351,8 +332,9 @@ async def health(url):
         return r.status, await r.json()
 
 
-def test_one_session_more_than_max_sessions_is_refused_busy(model, demo_model_dir, pages):
-    with ServerThread(ServeOptions(demo_model_dir, port=0, max_sessions=1), model=model) as srv:
+def test_one_session_more_than_max_sessions_is_refused_busy(demo_model, demo_model_dir, pages):
+    with ServerThread(ServeOptions(demo_model_dir, port=0, max_sessions=1),
+                      model=demo_model) as srv:
         async def scene():
             holder = asyncio.create_task(talk(srv.url, opus_pages(speech(3.0)), tail_s=0.2))
             while not srv.state.sessions or srv.state.ticker.sessions == 0:
@@ -383,9 +365,9 @@ def test_one_session_more_than_max_sessions_is_refused_busy(model, demo_model_di
 
 
 # -- token, TLS ----------------------------------------------------------------------------------
-def test_auth_token(model, demo_model_dir, pages):
+def test_auth_token(demo_model, demo_model_dir, pages):
     with ServerThread(ServeOptions(demo_model_dir, port=0, auth_token="s3cret"),
-                      model=model) as srv:
+                      model=demo_model) as srv:
         async def scene():
             return [await talk(srv.url, pages[:2], **kw, pace=None, tail_s=0.2) for kw in (
                 {}, {"query": "?token=guess"}, {"headers": {"Authorization": "Bearer guess"}},
@@ -406,22 +388,22 @@ def test_auth_token(model, demo_model_dir, pages):
         assert "personaplex_sessions_opened_total 2.0" in text
 
 
-def test_ssl_serves_wss(model, demo_model_dir, pages, tmp_path):
+def test_ssl_serves_wss(demo_model, demo_model_dir, pages, tmp_path):
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
                     "-subj", "/CN=localhost", "-keyout", str(tmp_path / "key.pem"),
                     "-out", str(tmp_path / "cert.pem")], check=True, capture_output=True)
     with ServerThread(ServeOptions(demo_model_dir, port=0, ssl_dir=tmp_path),
-                      model=model) as srv:
+                      model=demo_model) as srv:
         assert srv.url.startswith("https://")
         r = chat(srv, pages[:3], pace=None, tail_s=0.5)
         assert r.kinds[:1] == [0] and not r.errors
 
 
-def test_ssl_dir_without_its_files_is_a_clear_error(model, demo_model_dir, tmp_path):
+def test_ssl_dir_without_its_files_is_a_clear_error(demo_model, demo_model_dir, tmp_path):
     from personaplex_edge.errors import PersonaPlexError
 
     with pytest.raises(PersonaPlexError, match="cert.pem and key.pem missing.*openssl req"):
-        with ServerThread(ServeOptions(demo_model_dir, port=0, ssl_dir=tmp_path), model=model):
+        with ServerThread(ServeOptions(demo_model_dir, port=0, ssl_dir=tmp_path), model=demo_model):
             pass
 
 
@@ -430,14 +412,14 @@ def test_a_bad_persona_ends_its_session_with_the_reason(greedy_server, pages):
     async def scene():
         return [await talk(greedy_server.url, pages[:2], query=q, wait_handshake=False,
                            pace=None, tail_s=3) for q in (
-            "?voice_prompt=../../etc/passwd", "?voice_prompt=NATF0", "?text_topk=many",
+            "?voice_prompt=../../etc/passwd", "?voice_prompt=NATF9", "?text_topk=many",
             "?text_prompt=" + "hello%20there%20" * 100)]
 
     path, unknown, topk, long_prompt = asyncio.run(scene())
     assert path.errors == ["query parameter voice_prompt: '../../etc/passwd' is not a voice "
                            "name (a name from /api/voices, not a path)"]
-    assert unknown.errors == ["query parameter voice_prompt: no voice 'NATF0'; available: "
-                              "NATF2, NATM1"]
+    assert unknown.errors == ["query parameter voice_prompt: no voice 'NATF9'; available: "
+                              + ", ".join(DEMO_VOICES)]
     assert topk.errors == ["query parameter text_topk: 'many' is not a whole number"]
     assert len(long_prompt.errors) == 1 and "more than this model's context" in \
         long_prompt.errors[0]
@@ -458,7 +440,7 @@ def test_voices_health_and_metrics(greedy_server):
     voices, status, h, ctype, text, index, js = asyncio.run(scene())
     from personaplex_edge.runtime.persona import DEFAULT_TEXT_PROMPT
 
-    assert voices == {"voices": ["NATF2", "NATM1"], "default_voice": "NATF2",
+    assert voices == {"voices": DEMO_VOICES, "default_voice": "NATF2",
                       "default_text_prompt": DEFAULT_TEXT_PROMPT, "persona": True}
     assert status == 200 and h["status"] == "ok" and h["capacity"] == 8
     assert ctype.startswith("text/plain")

@@ -69,7 +69,9 @@ def test_the_page_talks_with_the_server(demo_model_dir, tmp_path):
         voices, prompt, state, shown, open_sessions, freed, console = asyncio.run(scene())
         history = srv.history()
 
-    assert voices == ["NATF2", "NATM1"] and prompt == DEFAULT_TEXT_PROMPT
+    # the demo bank has the published bank's names (PersonaPlex's client asks for NATF0.pt)
+    assert len(voices) == 18 and {"NATF0", "NATF2", "NATM1", "VARM4"} <= set(voices)
+    assert prompt == DEFAULT_TEXT_PROMPT
     assert state["error"] is None, (state, console)
     # the server decoded the page's Ogg/Opus into frames and answered each
     assert open_sessions and open_sessions[0][0] == "NATM1"  # the selector's voice

@@ -1,5 +1,6 @@
-"""`personaplex-edge serve` as a user runs it: it prints the URL, serves, and on Ctrl-C tells
-every open session why it ends, closes them, and exits 0."""
+"""`personaplex-edge serve` as a user runs it: it prints the URL, serves both protocols, and on
+Ctrl-C tells every open session why it ends, closes them, and exits 0; without the serve extra
+it says which to install."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 pytest.importorskip("aiohttp")
 pytest.importorskip("sphn")
 
-from bench_serve import opus_pages, speech, talk  # noqa: E402
+from bench_serve import opus_pages, speech, talk, talk_realtime  # noqa: E402
 
 
 def start_serve(model_dir, *flags, env=None) -> tuple[subprocess.Popen, str]:
@@ -39,32 +40,56 @@ def start_serve(model_dir, *flags, env=None) -> tuple[subprocess.Popen, str]:
 
 
 def test_ctrl_c_closes_every_session_and_exits_0(demo_model_dir):
+    """Two /api/chat sessions hear ERROR and 1001; a /v1/realtime one hears its response's
+    done events (status incomplete), then 1001."""
     proc, url = start_serve(demo_model_dir, "--max-sessions", "3")
     try:
-        pages = opus_pages(speech(20.0))
+        pcm = speech(20.0)
+        pages = opus_pages(pcm)
 
         async def scene():
             clients = [asyncio.create_task(talk(url, pages, tail_s=5)) for _ in range(2)]
-            await asyncio.sleep(2.0)  # both are in conversation by now (asserted below)
+            clients.append(asyncio.create_task(talk_realtime(url, pcm, session={}, tail_s=5,
+                                                             keep=True)))
+            await asyncio.sleep(2.0)  # all are in conversation by now (asserted below)
             proc.send_signal(signal.SIGINT)
             t0 = time.monotonic()
             results = await asyncio.gather(*clients)
             return results, time.monotonic() - t0
 
-        results, closed_s = asyncio.run(scene())
+        (*chats, realtime), closed_s = asyncio.run(scene())
         rc = proc.wait(timeout=20)
         out = proc.stdout.read()
     finally:
         if proc.poll() is None:
             proc.kill()
     assert rc == 0, out
-    for r in results:
+    for r in chats:
         assert r.kinds[0] == 0 and r.pieces > 0  # they were in conversation
         assert r.errors == ["the server is shutting down"] and r.close_code == 1001
         assert r.frames_sent < len(pages)  # cut short by the stop, not by their end
+    kinds = [e["type"] for e in realtime.events]
+    assert realtime.answer_samples > 0 and realtime.frames_sent < len(pcm) // 1920
+    assert kinds[-1] == "response.done" and "error" not in kinds
+    assert realtime.events[-1]["response"]["status"] == "incomplete"
+    assert realtime.close_code == 1001
     assert closed_s < 5
-    assert "stopping: closing 2 sessions" in out and out.rstrip().endswith("stopped")
-    assert out.count("ended: the server is shutting down") == 2
+    assert "stopping: closing 3 sessions" in out and out.rstrip().endswith("stopped")
+    assert out.count("ended: the server is shutting down") == 3
+
+
+def test_serve_without_the_serve_extra_names_it():
+    """A new user's machine without aiohttp, sphn or prometheus-client: one line naming the
+    extra to install, exit 2, no traceback."""
+    for missing in ("prometheus_client", "aiohttp", "sphn"):
+        run = subprocess.run(
+            [sys.executable, "-c", f"import sys; sys.modules[{missing!r}] = None; "
+             "from personaplex_edge.cli import main; sys.exit(main(['serve', '--model', 'demo']))"],
+            capture_output=True, text=True, timeout=60)
+        assert run.returncode == 2, run.stderr
+        assert run.stderr.strip().splitlines() == [
+            f"personaplex-edge: error: serve needs the serve extra ({missing} is missing): "
+            'pip install "personaplex-edge[serve]"']
 
 
 def test_binds_to_localhost_by_default_and_refuses_a_taken_port(demo_model_dir):

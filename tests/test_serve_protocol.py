@@ -1,5 +1,6 @@
-"""The server's pieces that need no model: message framing, query parameters, the token check,
-the drop-oldest backlog, and sphn's Opus both ways."""
+"""The server's pieces that need no model: message framing, query parameters, the origin and
+token checks, the drop-oldest backlog, sphn's Opus both ways, and the OpenAI Realtime wire
+format's PCM and session fields."""
 
 from __future__ import annotations
 
@@ -14,10 +15,14 @@ from aiohttp.test_utils import make_mocked_request  # noqa: E402
 from personaplex_edge.runtime.persona import Persona  # noqa: E402
 from personaplex_edge.runtime.sampling import SamplingParams  # noqa: E402
 from personaplex_edge.runtime.serve import protocol  # noqa: E402
-from personaplex_edge.runtime.serve.auth import authorized  # noqa: E402
+from personaplex_edge.errors import PersonaPlexError  # noqa: E402
+from personaplex_edge.runtime import pcm_frames as pf  # noqa: E402
+from personaplex_edge.runtime.serve import realtime_events as rt  # noqa: E402
+from personaplex_edge.runtime.serve.auth import (authorized, origin_allowed,  # noqa: E402
+                                                 parse_allowed_origins)
 from personaplex_edge.runtime.serve.opus import OpusDecoder, OpusEncoder, OpusError  # noqa: E402
 from personaplex_edge.runtime.serve.params import ParamError, Voices, parse_params  # noqa: E402
-from personaplex_edge.runtime.serve.session import FrameBacklog  # noqa: E402
+from personaplex_edge.runtime.frame_backlog import FrameBacklog  # noqa: E402
 
 BANK = Voices(("NATF2", "NATM1"))
 
@@ -144,6 +149,30 @@ def test_token_from_query_or_bearer_header():
     assert authorized(req("/api/chat?token=%C3%A9t%C3%A9"), "été")
 
 
+# -- the origin ---------------------------------------------------------------------------------------
+def test_an_origin_is_admitted_when_it_is_the_servers_own_or_listed():
+    def admitted(allowed=(), **headers):
+        request = make_mocked_request("GET", "/v1/realtime",
+                                      headers={"Host": "127.0.0.1:8998", **headers})
+        return origin_allowed(request, parse_allowed_origins(allowed))
+
+    assert admitted()  # no Origin: a native client
+    assert admitted(Origin="http://127.0.0.1:8998")  # the page the server serves
+    assert admitted(Origin="https://127.0.0.1:8998")  # behind a TLS proxy: the host decides
+    assert not admitted(Origin="http://127.0.0.1:3000")  # another port is another site
+    assert not admitted(Origin="http://evil.example")
+    assert not admitted(Origin="null")  # a sandboxed frame, a file
+    assert admitted(["http://localhost:3000"], Origin="http://LOCALHOST:3000")
+    assert not admitted(["http://localhost:3000"], Origin="https://localhost:3000")
+    assert admitted(["*"], Origin="http://evil.example")
+
+
+@pytest.mark.parametrize("value", ["localhost:3000", "ftp://x", "http://x/path", "http://"])
+def test_allowed_origins_that_are_not_origins(value):
+    with pytest.raises(PersonaPlexError, match="--allowed-origins: .* is not an origin"):
+        parse_allowed_origins([value])
+
+
 # -- the backlog ----------------------------------------------------------------------------------
 def test_backlog_drops_the_oldest_beyond_its_bound_and_counts_them():
     woken = []
@@ -155,6 +184,9 @@ def test_backlog_drops_the_oldest_beyond_its_bound_and_counts_them():
     kept = [b.take()[0][0] for _ in range(3)]
     assert kept == [3.0, 4.0, 5.0]  # the newest survive, in order
     assert b.take() is None
+    for f in frames[:3]:
+        b.push(f)
+    assert b.trim(1) == 2 and b.dropped == 5 and b.take()[0][0] == 2.0  # the newest is kept
 
 
 # -- Opus -------------------------------------------------------------------------------------------
@@ -182,3 +214,70 @@ def test_opus_both_ways_in_whole_frames():
 def test_bytes_that_are_not_ogg_opus(data):
     with pytest.raises(OpusError, match="not an Ogg/Opus stream"):
         OpusDecoder().feed(data)
+
+
+# -- OpenAI Realtime: PCM and the session's fields ----------------------------------------------
+def test_pcm_in_appends_of_any_size_makes_the_same_frames():
+    """PCM16 cut anywhere - mid-sample, mid-frame - gives the frames of the whole, as float32
+    int/32768 (a PCM16 wav's samples as soundfile reads them)."""
+    rng = np.random.default_rng(0)
+    samples = rng.integers(-32768, 32768, 1920 * 3 + 500).astype("<i2")
+    data = samples.tobytes()
+    whole = pf.PcmFrames(1920).feed(data, pf.PCM16)[0]
+    cut, frames = pf.PcmFrames(1920), []
+    for a, b in zip([0, 1, 1001, 3841, 7000], [1, 1001, 3841, 7000, len(data)]):
+        frames += cut.feed(data[a:b], pf.PCM16)[0]
+    assert len(whole) == len(frames) == 3
+    for w, f in zip(whole, frames):
+        np.testing.assert_array_equal(w, f)
+    np.testing.assert_array_equal(np.concatenate(frames), samples[:5760] / np.float32(32768))
+    last = cut.flush()  # stdio's EOF: the 500 samples left, padded with silence
+    np.testing.assert_array_equal(last[:500], samples[5760:] / np.float32(32768))
+    assert last.shape == (1920,) and not last[500:].any() and cut.flush() is None
+    f32 = rng.uniform(-1, 1, 1920).astype("<f4")
+    got, n = pf.PcmFrames(1920).feed(f32.tobytes(), pf.F32)
+    assert n == 1920 and np.array_equal(got[0], f32)
+
+
+def test_answers_are_the_pcm16_libsndfile_writes(tmp_path):
+    """The PCM16 every front end sends (and write_audio writes) is libsndfile's own conversion
+    of the floats: a wav written by soundfile from the same floats holds the same samples."""
+    import soundfile as sf
+
+    from personaplex_edge.audio import pcm16_bytes
+
+    pcm = np.random.default_rng(1).uniform(-1.2, 1.2, 4000).astype(np.float32)
+    pcm[:4] = [0.5 / 32767, -0.5 / 32767, 1.0, -1.0]  # the rounding and the ends
+    sf.write(tmp_path / "by_libsndfile.wav", np.clip(pcm, -1.0, 1.0), 24000, subtype="PCM_16")
+    written = sf.read(str(tmp_path / "by_libsndfile.wav"), dtype="int16")[0]
+    np.testing.assert_array_equal(np.frombuffer(pcm16_bytes(pcm), "<i2"), written)
+
+
+def test_session_update_in_either_vocabulary():
+    ga = rt.parse_session_update({"type": "session.update", "session": {
+        "type": "realtime", "instructions": "Be kind.", "tools": [], "audio": {
+            "input": {"format": {"type": "audio/pcm", "rate": 24000}, "turn_detection": None},
+            "output": {"voice": {"id": "NATM1"}, "format": {"type": "audio/pcm"}}}}})
+    assert ga == rt.SessionUpdate("Be kind.", "NATM1", pf.PCM16)
+    flat = rt.parse_session_update({"type": "session.update", "session": {
+        "voice": "NATF0.pt", "input_audio_format": "pcm_f32le", "temperature": 0.8}})
+    assert flat == rt.SessionUpdate(None, "NATF0.pt", pf.F32, voice_param="session.voice")
+    assert rt.parse_session_update({"session": {}}) == rt.SessionUpdate()
+    for session, param in [({"audio": {"input": {"format": {"type": "audio/pcm",
+                                                           "rate": 16000}}}},
+                            "session.audio.input.format"),
+                           ({"output_audio_format": "g711_alaw"}, "session.output_audio_format"),
+                           ({"audio": {"output": {"format": {"type": "pcm_f32le"}}}},
+                            "session.audio.output.format"),
+                           ({"instructions": 5}, "session.instructions"),
+                           ({"voice": ["NATF2"]}, "session.voice")]:
+        with pytest.raises(rt.EventError) as e:
+            rt.parse_session_update({"type": "session.update", "session": session,
+                                     "event_id": "e1"})
+        assert e.value.param == param and e.value.event_id == "e1"
+
+
+def test_the_beta_vocabulary_is_asked_for_by_its_header():
+    assert rt.beta_requested("realtime=v1")
+    assert rt.beta_requested("assistants=v2, Realtime=v1")
+    assert not rt.beta_requested(None) and not rt.beta_requested("realtime=v2")

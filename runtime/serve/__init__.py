@@ -1,19 +1,23 @@
-"""`personaplex-edge serve`: the moshi/PersonaPlex WebSocket protocol on `/api/chat`, many
-conversations on one shared model, and a web page at `/`.
+"""`personaplex-edge serve`: two wire protocols on one session core - moshi/PersonaPlex's on
+`/api/chat` and OpenAI Realtime's on `/v1/realtime` - many conversations on one shared model,
+and a web page at `/`.
 
 What this room may import: aiohttp (HTTP and WebSocket), sphn (Opus in Ogg), prometheus-client
 (the `/metrics` text) and the runtime - never torch.
 
-    protocol   the binary message kinds and their framing
-    params     the query parameters of /api/chat -> a conversation's sampling and persona
-    opus       Ogg/Opus bytes <-> 1920-sample frames (sphn)
-    session    one WebSocket's side of a conversation: input backlog, send queue, counters
-    ticker     the one thread that steps every conversation (lockstep, via step_many)
-    stats      Prometheus metrics of the server
-    auth       the --auth-token check
-    chat       the /api/chat handler: one conversation per WebSocket
-    app        the aiohttp application: routes, health, voices, the page
-    server     load the model, serve until a signal, close every session
+    protocol         moshi's binary message kinds and their framing
+    params           the query parameters of /api/chat -> a conversation's sampling and persona
+    opus             Ogg/Opus bytes <-> 1920-sample frames (sphn)
+    realtime_events  OpenAI Realtime's JSON events (GA and beta names), PCM <-> frames
+    session          one WebSocket's side of a conversation: input backlog, send queue, counters
+    lifecycle        one WebSocket's life, either protocol: checks, slot, prefill, ticks, close
+    chat             the /api/chat protocol on that life
+    realtime         the /v1/realtime protocol on that life
+    ticker           the one thread that steps every conversation (lockstep, via step_many)
+    stats            Prometheus metrics of the server
+    auth             who may open a WebSocket: the browser origin and the --auth-token
+    app              the aiohttp application: routes, health, voices, the page
+    server           load the model, serve until a signal, close every session
 """
 
 from .server import ServeOptions, serve

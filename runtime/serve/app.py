@@ -1,7 +1,9 @@
 """The aiohttp application: one handler per route.
 
     GET /             the web page (static/index.html; its scripts under /static/)
-    GET /api/chat     the WebSocket protocol (chat.py)
+    GET /api/chat     the moshi/PersonaPlex WebSocket protocol (chat.py)
+    GET /v1/realtime  the OpenAI Realtime protocol over WebSocket (realtime.py); /v1/duplex
+                      is the same, by vllm-omni's name for it
     GET /api/voices   the voices a client may name, and the server's persona defaults
     GET /api/health   JSON: model, sessions open, capacity; 200 while a session can start,
                       503 when full or stopping (a load balancer's readiness probe)
@@ -15,6 +17,7 @@ from pathlib import Path
 from aiohttp import web
 
 from .chat import chat
+from .realtime import realtime
 from .state import STATE, ServerState
 from .stats import CONTENT_TYPE_LATEST
 
@@ -59,6 +62,8 @@ def build_app(state: ServerState) -> web.Application:
     app[STATE] = state
     app.router.add_get("/", index)
     app.router.add_get("/api/chat", chat)
+    app.router.add_get("/v1/realtime", realtime)
+    app.router.add_get("/v1/duplex", realtime)
     app.router.add_get("/api/voices", voices)
     app.router.add_get("/api/health", health)
     app.router.add_get("/metrics", metrics)

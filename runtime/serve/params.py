@@ -27,6 +27,7 @@ class ParamError(Exception):
     def __init__(self, name: str, reason: str):
         super().__init__(f"query parameter {name}: {reason}")
         self.name = name
+        self.reason = reason
 
 
 @dataclass(frozen=True)

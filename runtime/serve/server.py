@@ -1,8 +1,9 @@
 """Loading the model, serving until a signal, and stopping cleanly.
 
 The server owns its aiohttp AppRunner. On SIGINT or SIGTERM it stops taking sessions, tells
-every open session why it ends (ERROR "the server is shutting down"), waits for their handlers
-to close them and free their rows, and only then lets the tick thread, the prefill thread and
+every open session why it ends, each in its protocol ("the server is shutting down": /api/chat's
+ERROR; /v1/realtime's response.done and the close frame), waits for their handlers to close
+them (1001) and free their rows, and only then lets the tick thread, the prefill thread and
 the model go. `personaplex-edge serve` then exits 0.
 """
 
@@ -27,6 +28,7 @@ from personaplex_edge.runtime.persona import DEFAULT_VOICE, Persona
 from personaplex_edge.runtime.sampling import SamplingParams
 
 from .app import build_app
+from .auth import parse_allowed_origins
 from .opus import check_sphn
 from .params import MAX_TEXT_PROMPT_CHARS, Voices
 from .session import MAX_AHEAD_S
@@ -49,6 +51,8 @@ class ServeOptions:
     max_sessions: int = 4
     ssl_dir: Path | None = None
     auth_token: str | None = None
+    # browser origins admitted besides the server's own (auth.parse_allowed_origins)
+    allowed_origins: tuple[str, ...] = ()
     voice_dir: Path | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     persona: Persona = field(default_factory=Persona)
@@ -97,6 +101,7 @@ class Server:
         if options.max_sessions < 1:
             raise PersonaPlexError("--max-sessions must be at least 1")
         self._ssl = ssl_context(options.ssl_dir) if options.ssl_dir else None
+        self._origins = parse_allowed_origins(options.allowed_origins)
         if options.voice_dir is not None and not Path(options.voice_dir).is_dir():
             raise PersonaPlexError(f"--voice-dir {options.voice_dir} is not a directory")
         if model is None:
@@ -144,7 +149,8 @@ class Server:
             top_k_max=_top_k_max(model), ticker=Ticker(step_many, stats), stats=stats,
             prefill_pool=ThreadPoolExecutor(1, thread_name_prefix="personaplex-prefill"),
             max_sessions=o.max_sessions, max_backlog=o.max_backlog, send_queue=o.send_queue,
-            auth_token=o.auth_token, default_voice=default_voice, max_ahead_s=o.max_ahead_s)
+            auth_token=o.auth_token, allowed_origins=self._origins, default_voice=default_voice,
+            max_ahead_s=o.max_ahead_s)
         self.state.ticker.start()
         # a request line long enough for the longest text_prompt, percent-encoded (aiohttp's
         # 8 KiB default would answer a bare 400 to a prompt of ~2700 characters)
@@ -213,7 +219,7 @@ class Server:
         where = " (and on every interface of this machine)" if self.everywhere else ""
         self.say(f"serving {self.state.model_name} on {self.url}{where} (up to {o.max_sessions} "
                  f"session{'s' if o.max_sessions != 1 else ''}"
-                 f"{'; /api/chat needs the --auth-token' if o.auth_token else ''}); "
+                 f"{'; its WebSockets need the --auth-token' if o.auth_token else ''}); "
                  "Ctrl-C to stop")
         try:
             await stop.wait()

@@ -1,7 +1,9 @@
-"""One WebSocket's side of a conversation: the frames waiting for the model, the messages
-waiting for the client, and the counters the client, /metrics and the logs see.
+"""One WebSocket's side of a conversation, whatever its wire protocol: the frames waiting for
+the model, the messages waiting for the client, and the counters the client, /metrics and the
+logs see. Each protocol subclasses `Session` with its own decoding of the client's audio and
+its own encoding of the answers (chat.py: Ogg/Opus; realtime.py: JSON events of PCM16).
 
-Two threads touch a session. The event loop (aiohttp) decodes the client's Opus into frames and
+Two threads touch a session. The event loop (aiohttp) decodes the client's audio into frames and
 pushes them into the backlog, and encodes answers into the send queue. The tick thread
 (ticker.py) takes frames from the backlog and hands answers back through the event loop. The
 backlog is the bounded-latency rule of `--mic`: when more than `max_backlog` frames wait, the
@@ -21,8 +23,6 @@ import numpy as np
 from aiohttp import WSCloseCode
 
 from ..frame_backlog import FrameBacklog
-from . import protocol
-from .opus import OpusDecoder, OpusEncoder
 
 if TYPE_CHECKING:
     from personaplex_edge.runtime.conversation import Conversation
@@ -31,8 +31,13 @@ if TYPE_CHECKING:
 
 _ids = itertools.count(1)
 # seconds of audio a client may send ahead of the clock (a network's burst after a stall) before
-# its session ends: further ahead it would take the other sessions' CPU in Opus decoding
+# its session ends: further ahead it would take the other sessions' CPU in decoding
 MAX_AHEAD_S = 10.0
+
+
+class ClientError(Exception):
+    """What a client sent that ends its session; the reason goes to the client (the
+    protocol's error message) and to the log."""
 
 
 class LatencyLog:
@@ -62,19 +67,23 @@ class LatencyLog:
                 "frame_p99_ms": p[1, 1], "frame_max_ms": float(t[:, 1].max())}
 
 
-class ChatSession:
-    def __init__(self, params: "ChatParams", peer: str, max_backlog: int, send_queue: int,
-                 sample_rate: int, frame_size: int, wake: Callable[[], None],
-                 piece: Callable[[int], str], max_ahead_s: float | None = None):
+class Session:
+    """The protocol-neutral part of a session. A subclass turns answers into its messages
+    (`_answer`, on the event loop) and calls `receive_frames` with the client's audio."""
+
+    protocol = ""  # the route's name in the logs: "chat", "realtime"
+
+    def __init__(self, peer: str, max_backlog: int, send_queue: int, sample_rate: int,
+                 frame_size: int, wake: Callable[[], None], piece: Callable[[int], str],
+                 max_ahead_s: float | None = None):
         self.id = next(_ids)
-        self.params = params
         self.peer = peer
+        self.params: "ChatParams | None" = None  # known once the protocol has the persona
         self.conv: "Conversation | None" = None
         self.backlog = FrameBacklog(max_backlog, wake)
         self.latency = LatencyLog()
-        self.decoder = OpusDecoder(sample_rate, frame_size)
-        self.encoder = OpusEncoder(sample_rate)
-        self.outbox: asyncio.Queue[bytes] = asyncio.Queue(maxsize=send_queue)
+        # messages for the client: bytes go out as binary frames, str as text frames
+        self.outbox: asyncio.Queue[bytes | str] = asyncio.Queue(maxsize=send_queue)
         self.loop = asyncio.get_running_loop()
         self.ended = self.loop.create_future()  # set to the reason when the session must end
         self._piece = piece
@@ -83,29 +92,30 @@ class ChatSession:
         self.started = time.monotonic()
         self.max_ahead_s = max_ahead_s  # MAX_AHEAD_S in a server; None: no limit
         self.sample_rate = sample_rate
+        self.frame_size = frame_size
         self._received = 0  # samples decoded
         self._first_audio: float | None = None
 
     # -- event loop side --------------------------------------------------------------------------
-    def receive_audio(self, pages: bytes) -> int:
-        """A client's audio message -> frames into the backlog; returns the frames dropped.
-        OpusError for bytes that are not Ogg/Opus."""
+    def receive_frames(self, frames: list[np.ndarray], samples: int) -> int:
+        """Whole frames of the client's audio (and the samples its message held) into the
+        backlog; returns the frames dropped. ClientError when the audio runs too far ahead of
+        the clock."""
         now = time.monotonic()
         if self._first_audio is None:
             self._first_audio = now
         dropped = 0
-        frames = self.decoder.feed(pages)
         for frame in frames:
             dropped += self.backlog.push(frame)
-        self._received += sum(f.shape[0] for f in frames)
+        self._received += samples
         ahead = self._received / self.sample_rate - (now - self._first_audio)
         if self.max_ahead_s is not None and ahead > self.max_ahead_s:
-            raise protocol.ProtocolError(
+            raise ClientError(
                 f"audio arrives faster than real time ({ahead:.0f} s ahead of the clock, "
                 f"{self.max_ahead_s:.0f} s allowed): stream at the audio's pace")
         return dropped
 
-    def send(self, message: bytes) -> None:
+    def send(self, message: bytes | str) -> None:
         """Queues a message for the client; a full queue means it stopped reading."""
         if self.ended.done():
             return
@@ -121,22 +131,23 @@ class ChatSession:
         if not self.ended.done():
             self.ended.set_result((reason, code))
 
-    def _answer(self, pcm: np.ndarray, token: int | None) -> None:
+    def _deliver(self, pcm: np.ndarray, token: int | None) -> None:
         if self.ended.done():
             return
         piece = self._piece(token) if token is not None else ""
         if piece:
             self.text_pieces += 1
-            self.send(protocol.text(piece))
-        pages = self.encoder.encode(pcm)
-        if pages:
-            self.send(protocol.audio(pages))
+        self._answer(pcm, piece)
+
+    def _answer(self, pcm: np.ndarray, piece: str) -> None:
+        """One answer frame and its text piece ('' for none) -> messages (`send`)."""
+        raise NotImplementedError
 
     def summary(self) -> dict:
         """The whole session's figures (its latency over every kept frame)."""
-        out = {"session": self.id, "peer": self.peer, "frames": self.frames_answered,
-               "dropped": self.backlog.dropped, "received": self.backlog.pushed,
-               "text_pieces": self.text_pieces,
+        out = {"session": self.id, "protocol": self.protocol, "peer": self.peer,
+               "frames": self.frames_answered, "dropped": self.backlog.dropped,
+               "received": self.backlog.pushed, "text_pieces": self.text_pieces,
                "seconds": round(time.monotonic() - self.started, 2)}
         out.update({k: float(v) for k, v in self.latency.percentiles().items()})
         return out
@@ -154,7 +165,7 @@ class ChatSession:
         self.latency.add(1000.0 * (tick_start - ready), 1000.0 * (done - ready))
         self.frames_answered += 1
         try:
-            self.loop.call_soon_threadsafe(self._answer, pcm, token)
+            self.loop.call_soon_threadsafe(self._deliver, pcm, token)
         except RuntimeError:  # the event loop is gone: the server is stopping
             pass
 

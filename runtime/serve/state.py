@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from personaplex_edge.runtime.sampling import SamplingParams
 
     from .params import Voices
-    from .session import ChatSession
+    from .session import Session
     from .stats import ServerStats
     from .ticker import Ticker
 
@@ -37,10 +37,11 @@ class ServerState:
     send_queue: int
     max_ahead_s: float | None  # how far a client's audio may run ahead of the clock
     auth_token: str | None = None
+    allowed_origins: tuple[str, ...] = ()  # browser origins besides the server's own ("*": any)
     default_voice: str | None = None  # the name /api/voices shows as preselected
     slots_used: int = 0  # connections holding a slot: in prefill or in conversation
     stopping: bool = False
-    sessions: set["ChatSession"] = field(default_factory=set)
+    sessions: set["Session"] = field(default_factory=set)
     # summaries of the sessions that ended (newest last): for the logs' readers and benchmarks
     history: deque = field(default_factory=lambda: deque(maxlen=1000))
 

@@ -24,7 +24,7 @@ class ServerStats:
                               registry=r)
         self.refused = Counter("personaplex_sessions_refused",
                                "Connections refused before a conversation (busy, "
-                               "unauthorized, shutting_down)", ["reason"], registry=r)
+                               "unauthorized, origin, shutting_down)", ["reason"], registry=r)
         self.ended = Counter("personaplex_sessions_ended",
                              "Sessions ended, by cause (client, error, shutdown)", ["cause"],
                              registry=r)

@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
-    from .session import ChatSession
+    from .session import Session
     from .stats import ServerStats
 
 log = logging.getLogger("personaplex_edge.serve")
@@ -30,7 +30,7 @@ class Ticker:
     def __init__(self, step_many: Callable, stats: "ServerStats | None" = None):
         self._step_many = step_many
         self._stats = stats
-        self._sessions: list["ChatSession"] = []
+        self._sessions: list["Session"] = []
         self._jobs: list[tuple[Callable[[], object], Future]] = []
         self._cond = threading.Condition()
         self._stop = False
@@ -53,7 +53,7 @@ class Ticker:
         with self._cond:
             self._cond.notify()
 
-    def attach(self, session: "ChatSession") -> None:
+    def attach(self, session: "Session") -> None:
         with self._cond:
             self._sessions.append(session)
             self._cond.notify()
@@ -69,7 +69,7 @@ class Ticker:
             self._cond.notify()
         return fut
 
-    def detach(self, session: "ChatSession") -> Future:
+    def detach(self, session: "Session") -> Future:
         """Takes the session out of the ticks and closes its conversation between two ticks;
         the Future is done when its row is free."""
         def close() -> None:

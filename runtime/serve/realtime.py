@@ -1,0 +1,234 @@
+"""`GET /v1/realtime` (and `/v1/duplex`, vllm-omni's name for it): the OpenAI Realtime protocol
+(realtime_events.py) on the shared session flow (lifecycle.py), so voice-agent frameworks
+(the openai SDK, pipecat, LiveKit) can talk to a local PersonaPlex. The query (`model`,
+`duplex`, ...) is accepted and ignored.
+
+    session.created at once  ->  the persona: the first session.update's instructions and
+    voice, or the server's defaults when audio comes and no update follows within GRACE_S
+    ->  its prefill  ->  session.updated (audio sent before it is dropped, but for its last
+    frame)  ->  PCM appends in, re-framed into 1920-sample steps  ->  one response out while
+    the model speaks: response.created, the assistant item, then per answer frame a
+    transcript delta (if the frame has a text piece) and an audio delta  ->  on Ctrl-C the
+    response's done events, then close 1001.
+
+The model listens and speaks at once, so the turn-based events change nothing here: commit,
+clear and the conversation.item.* events are read and let go, response.create opens a response
+at the next frame when none is open, response.cancel ends the open one (status `cancelled`) and
+its audio stops until the model starts a new word. A bad event is one `error` event; the
+session goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
+
+from personaplex_edge.audio import pcm16_bytes
+
+from ..pcm_frames import PCM16, PcmFrames
+from .lifecycle import Wire, serve_websocket
+from .params import MAX_TEXT_PROMPT_CHARS, ChatParams, ParamError
+from .realtime_events import (MAX_EVENT_BYTES, EventError, Response, ServerEvents,
+                              SessionUpdate, SessionView, audio_bytes, beta_requested, new_id,
+                              parse, parse_session_update)
+from .session import Session
+
+# seconds a client that streams before any session.update has to send one: pipecat, say, sends
+# its update when session.created arrives, while its audio may already be flowing
+GRACE_S = 0.5
+
+
+class RealtimeSession(Session):
+    """A session whose audio is base64 PCM in JSON events, answered as one open response."""
+
+    protocol = "realtime"
+
+    def __init__(self, events: ServerEvents, **core):
+        super().__init__(**core)
+        self.events = events
+        self.input_format = PCM16
+        self.frames = PcmFrames(self.frame_size)
+        self.response: Response | None = None
+        self._open_next = True  # the next answer frame opens a response, speech or not
+
+    def receive_audio(self, data: bytes) -> int:
+        """An append's bytes -> whole frames into the backlog; returns the frames dropped.
+        Before the conversation is ready only the newest frame is kept: what the client
+        said while the persona was being prefilled is not answered late."""
+        frames, samples = self.frames.feed(data, self.input_format)
+        dropped = self.receive_frames(frames, samples)
+        if self.conv is None:
+            dropped += self.backlog.trim(1)
+        return dropped
+
+    def set_input_format(self, fmt: str) -> None:
+        if fmt != self.input_format:
+            self.input_format = fmt
+            self.frames.reset()  # a partial frame of the old format is not audio of the new
+
+    def _answer(self, pcm: np.ndarray, piece: str) -> None:
+        if self.response is None:
+            if not (self._open_next or piece):
+                return  # cancelled: quiet until the model starts a new word
+            self._open_next = False
+            self.response = Response()
+            for event in self.events.response_opened(self.response):
+                self.send(event)
+        if piece:
+            self.response.transcript.append(piece)
+            self.send(self.events.transcript_delta(self.response, piece))
+        self.send(self.events.audio_delta(self.response, pcm16_bytes(pcm)))
+
+    def want_response(self) -> None:
+        """response.create: while one is open it is that one; else the next frame opens one."""
+        if self.response is None:
+            self._open_next = True
+
+    def cancel_response(self) -> None:
+        if self.response is not None:
+            for event in self.close_response("cancelled", {"type": "cancelled",
+                                                           "reason": "client_cancelled"}):
+                self.send(event)
+        self._open_next = False
+
+    def close_response(self, status: str, details: dict | None) -> list[str]:
+        """The open response's done events (none when none is open); it is closed."""
+        if self.response is None:
+            return []
+        events = self.events.response_closed(self.response, status, details)
+        self.response = None
+        return events
+
+
+class RealtimeWire(Wire):
+    name = "realtime"
+    # aiohttp's own limit sits above the protocol's, so an event just over MAX_EVENT_BYTES
+    # still gets its error event
+    max_message_bytes = 2 * MAX_EVENT_BYTES
+
+    def __init__(self, request: web.Request):
+        super().__init__(request)
+        state = self.state
+        self.events = ServerEvents(beta=beta_requested(request.headers.get("OpenAI-Beta")))
+        self.view = SessionView(id=new_id("sess"), model=state.model_name,
+                                instructions=state.persona.text_prompt or "",
+                                voice=state.default_voice)
+        self._persona: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._updates_unanswered = 0  # session.update events waiting for the persona
+        self._grace: asyncio.TimerHandle | None = None
+
+    def refusal(self, reason: str, stopping: bool) -> list[bytes | str]:
+        if stopping:
+            return [self.events.error(reason, "server_error", "server_shutting_down")]
+        return [self.events.error(reason, "rate_limit_error", "resource_exhausted")]
+
+    def open_session(self, **core) -> RealtimeSession:
+        session = RealtimeSession(self.events, **core)
+        session.send(self.events.session_created(self.view))
+        return session
+
+    async def params(self, session: Session) -> ChatParams:
+        return await self._persona
+
+    def ready(self, session: Session) -> None:
+        for _ in range(self._updates_unanswered):
+            session.send(self.events.session_updated(self.view))
+        self._updates_unanswered = 0
+
+    def farewell(self, session: RealtimeSession, reason: str | None,
+                 code: int) -> list[bytes | str]:
+        if reason is None:  # the client left: nobody to tell
+            return []
+        if code == WSCloseCode.GOING_AWAY:  # the server stops: the close frame says why
+            return session.close_response("incomplete", {"type": "incomplete"})
+        kind = "server_error" if code == WSCloseCode.INTERNAL_ERROR else "invalid_request_error"
+        return session.close_response("failed", {"type": "failed", "error": {
+            "type": kind, "message": reason}}) + [self.events.error(reason, kind)]
+
+    def close_session(self, session: Session) -> None:
+        if self._grace is not None:
+            self._grace.cancel()
+
+    # -- the client's events ----------------------------------------------------------------------
+    def receive(self, session: RealtimeSession, msg: WSMessage) -> None:
+        if msg.type == WSMsgType.BINARY:
+            session.send(self.events.error("binary WebSocket messages are not part of the "
+                                           "protocol: send JSON text events",
+                                           code="invalid_event"))
+        elif msg.type == WSMsgType.TEXT:
+            event = None
+            try:
+                event = parse(msg.data)
+                self._handle(session, event)
+            except EventError as e:  # answered; the session goes on
+                client_id = e.event_id or (event or {}).get("event_id")
+                session.send(self.events.error(str(e), code=e.code, param=e.param,
+                                               event_id=client_id))
+
+    def _handle(self, session: RealtimeSession, event: dict) -> None:
+        kind = event["type"]
+        if kind == "input_audio_buffer.append":
+            dropped = session.receive_audio(audio_bytes(event))
+            if dropped:
+                self.state.stats.dropped.inc(dropped)
+            if not self._persona.done() and self._grace is None:
+                self._grace = asyncio.get_running_loop().call_later(GRACE_S, self._defaults)
+        elif kind == "session.update":
+            self._update(session, parse_session_update(event))
+        elif kind == "response.create":
+            session.want_response()
+        elif kind == "response.cancel":
+            session.cancel_response()
+        elif kind == "input_audio_buffer.clear":
+            # what was appended has been heard already: there is no buffer to clear
+            session.send(self.events.input_cleared())
+        # commit, output_audio_buffer.clear, conversation.item.*: nothing to do in full duplex
+
+    def _update(self, session: RealtimeSession, update: SessionUpdate) -> None:
+        """Formats apply at once; instructions and voice only until the persona is fixed (the
+        first update, or the defaults after the grace); then the effective session is echoed."""
+        params = None if self._persona.done() else self._params(update)  # EventError first
+        if update.input_format is not None:
+            session.set_input_format(update.input_format)
+            self.view.input_format = update.input_format
+        if params is not None:
+            self._persona.set_result(params)
+        if session.conv is not None:
+            session.send(self.events.session_updated(self.view))
+        else:
+            self._updates_unanswered += 1
+
+    def _params(self, update: SessionUpdate) -> ChatParams:
+        """The update's persona over the server's defaults; EventError naming a bad field.
+        The view shows it once it is valid."""
+        state, persona = self.state, self.state.persona
+        view = {}
+        if update.instructions is not None:
+            if len(update.instructions) > MAX_TEXT_PROMPT_CHARS:
+                raise EventError(f"session.instructions: {len(update.instructions)} characters, "
+                                 f"over the limit of {MAX_TEXT_PROMPT_CHARS}",
+                                 param="session.instructions")
+            persona = replace(persona, text_prompt=update.instructions.strip() or None)
+            view["instructions"] = persona.text_prompt or ""
+        if update.voice is not None and update.voice.strip():
+            try:
+                voice = state.voices.resolve(update.voice)
+            except ParamError as e:
+                raise EventError(f"{update.voice_param}: {e.reason}",
+                                 param=update.voice_param) from None
+            persona = replace(persona, voice=voice)
+            view["voice"] = Path(voice).name  # a --voice-dir file by its name, never its path
+        self.view = replace(self.view, **view)
+        return ChatParams(state.sampling, persona)
+
+    def _defaults(self) -> None:
+        if not self._persona.done():
+            self._persona.set_result(ChatParams(self.state.sampling, self.state.persona))
+
+
+async def realtime(request: web.Request) -> web.StreamResponse:
+    return await serve_websocket(request, RealtimeWire(request))

@@ -1,0 +1,80 @@
+"""pipecat's OpenAIRealtimeLLMService against `personaplex-edge serve`, in a pipeline without a
+transport: speech goes in as InputAudioRawFrames at real-time pace, what the service pushes
+is counted on both sides of it (audio downstream, errors upstream). Run by
+tests/test_serve_pipecat.py with the python of a venv that holds pipecat (not this project's):
+
+    python tests/pipecat_client.py ws://127.0.0.1:PORT/v1/realtime speech.pcm SECONDS
+
+It prints one JSON line: the audio frames and bytes pipecat pushed, their sample rates, the
+text it pushed, the errors it raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+from pipecat.frames.frames import (EndFrame, ErrorFrame, InputAudioRawFrame, TextFrame,
+                                   TTSAudioRawFrame)
+from pipecat.pipeline.pipeline import Pipeline
+from pipecat.workers.runner import WorkerRunner
+from pipecat.pipeline.worker import PipelineWorker
+from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
+
+FRAME_BYTES = 3840  # 80 ms of PCM16 at 24 kHz
+
+
+class Tap(FrameProcessor):
+    """Counts what passes, in both directions, and lets everything through."""
+
+    def __init__(self, seen: dict):
+        super().__init__()
+        self.seen = seen
+
+    async def process_frame(self, frame, direction: FrameDirection):
+        await super().process_frame(frame, direction)
+        if isinstance(frame, ErrorFrame):
+            self.seen["errors"].append(str(frame.error))
+        elif isinstance(frame, TTSAudioRawFrame):
+            self.seen["audio_frames"] += 1
+            self.seen["audio_bytes"] += len(frame.audio)
+            self.seen["rates"] = sorted(set(self.seen["rates"]) | {frame.sample_rate})
+        elif isinstance(frame, TextFrame):
+            self.seen["text"] += frame.text
+        await self.push_frame(frame, direction)
+
+
+async def main(url: str, speech: bytes, seconds: float) -> dict:
+    seen = {"audio_frames": 0, "audio_bytes": 0, "rates": [], "text": "", "errors": []}
+    llm = OpenAIRealtimeLLMService(api_key="not-needed", base_url=url)
+    worker = PipelineWorker(Pipeline([Tap(seen), llm, Tap(seen)]), idle_timeout_secs=None)
+    runner = WorkerRunner(handle_sigint=False)
+    await runner.add_workers(worker)
+
+    async def microphone():
+        await asyncio.sleep(0.5)  # the service connects on the pipeline's start
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        for i in range(int(seconds * 12.5)):
+            chunk = speech[(i * FRAME_BYTES) % len(speech):][:FRAME_BYTES]
+            await worker.queue_frame(InputAudioRawFrame(audio=chunk, sample_rate=24000,
+                                                        num_channels=1))
+            await asyncio.sleep(max(0.0, t0 + (i + 1) * 0.08 - loop.time()))
+        # the last answers: until none has come for half a second
+        heard, since, end = -1, loop.time(), loop.time() + 10
+        while loop.time() - since < 0.5 and loop.time() < end:
+            if seen["audio_frames"] != heard:
+                heard, since = seen["audio_frames"], loop.time()
+            await asyncio.sleep(0.05)
+        await worker.queue_frame(EndFrame())
+
+    await asyncio.gather(runner.run(), microphone())
+    return seen
+
+
+if __name__ == "__main__":
+    url, path, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    with open(path, "rb") as f:
+        print(json.dumps(asyncio.run(main(url, f.read(), seconds))))
