@@ -14,12 +14,18 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from .atomic import write_text_atomic
 from .config import PRESETS
 from .errors import ModelDirError, PersonaPlexError
 from .hub_model import fetch_model, parse_model_id
 from .manifest import MANIFEST
 
 BUILTIN_DIR = Path("models")  # where built-in models are exported on first use (cwd-relative)
+# What a built-in model holds, as export/synthetic.py makes it: bumped when that changes, so a
+# built-in exported by an older version is exported again instead of used (2: the voice bank's
+# published names, NATF0-3, NATM0-3, VARF0-4, VARM0-4)
+BUILTIN_RECIPE = "2"
+RECIPE_FILE = ".builtin-recipe"
 
 
 def builtin_models() -> list[str]:
@@ -49,8 +55,12 @@ def need_export_extra():
 
 def _builtin(name: str, progress: Callable[[str], None]) -> Path:
     target = BUILTIN_DIR / name
+    recipe = target / RECIPE_FILE
     if (target / MANIFEST).is_file():
-        return target
+        if recipe.is_file() and recipe.read_text().strip() == BUILTIN_RECIPE:
+            return target
+        progress(f"{target} was made by an older version of personaplex-edge; exporting the "
+                 f"built-in '{name}' model again")
     need_export_extra()
     from .config import preset
     from .export.hub import resolve_checkpoint
@@ -62,6 +72,7 @@ def _builtin(name: str, progress: Callable[[str], None]) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         write_synthetic_checkpoint(preset(name), tmp)
         export_model(resolve_checkpoint(tmp), target, progress=progress)
+    write_text_atomic(recipe, BUILTIN_RECIPE + "\n")
     return target
 
 

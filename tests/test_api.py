@@ -184,3 +184,26 @@ def test_bad_arguments_are_one_exception_type_naming_the_fix(model, tmp_path):
         assert conv.step(np.zeros(1920, np.float32))[0].shape == (1920,)
     assert "closed" in _refusal(lambda: conv.step(np.zeros(1920, np.float32)))
     assert conv.closed and model.open_conversations == 0
+
+
+def test_a_built_in_model_from_an_older_version_is_exported_again(demo_model_dir, tmp_path,
+                                                                  monkeypatch):
+    """models/demo left by a version whose demo bank had other voices (no recipe mark) is
+    exported again on the next load, said once; the next load uses it as it is."""
+    import shutil
+
+    from personaplex_edge import model_ref
+
+    old = tmp_path / "models" / "demo"
+    shutil.copytree(demo_model_dir, old)
+    monkeypatch.chdir(tmp_path)
+    said = []
+    assert model_ref.resolve_model("demo", said.append) == model_ref.BUILTIN_DIR / "demo"
+    assert any("older version" in line for line in said)
+    assert (old / model_ref.RECIPE_FILE).read_text().strip() == model_ref.BUILTIN_RECIPE
+    stamp = (old / "manifest.json").stat().st_mtime_ns
+    said.clear()
+    with pe.load("demo", device="cpu", progress=said.append) as model:
+        assert "NATF0" in model.voices()
+    assert (old / "manifest.json").stat().st_mtime_ns == stamp and not any(
+        "export" in line for line in said)

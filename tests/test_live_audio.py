@@ -204,8 +204,13 @@ def test_the_readme_python_section_runs_as_written(pulse_env, demo_model_dir, tm
     from personaplex_edge.audio import read_audio, write_audio
     from personaplex_edge.runtime.bench import bundled_speech
 
-    (tmp_path / "models").mkdir()
-    (tmp_path / "models" / "demo").symlink_to(demo_model_dir)
+    from personaplex_edge.model_ref import BUILTIN_RECIPE, RECIPE_FILE
+
+    demo = tmp_path / "models" / "demo"  # the built-in as its first use leaves it, by links
+    demo.mkdir(parents=True)
+    for f in demo_model_dir.iterdir():
+        (demo / f.name).symlink_to(f)
+    (demo / RECIPE_FILE).write_text(BUILTIN_RECIPE)
     write_audio(tmp_path / "question.wav", read_audio(bundled_speech()))
     done = subprocess.run([sys.executable, "-c", _readme_python_section()], cwd=tmp_path,
                           env=pulse_env, capture_output=True, text=True, timeout=180)
