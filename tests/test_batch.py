@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 import pytest
+from interrupt import default_sigint
 import soundfile as sf
 
 from personaplex_edge.cli import main
@@ -304,7 +305,8 @@ def test_a_real_ctrl_c_with_two_workers_stops_cleanly(demo_model_dir, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "personaplex_edge.cli", "batch", "--model",
                              str(demo_model_dir), "--device", "cpu", "--input", str(root),
                              "--greedy", "--no-persona", "--workers", "2", "--threads", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=default_sigint)
     deadline = time.time() + 120
     while not list(root.rglob("output.wav")) and time.time() < deadline:
         time.sleep(0.05)

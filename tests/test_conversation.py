@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 import pytest
+from interrupt import default_sigint
 import soundfile as sf
 
 from conftest_lm import lm_bundle
@@ -285,7 +286,8 @@ def test_run_realtime_ctrl_c_aborts_without_output(demo_model_dir, tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "personaplex_edge.cli", "run", "--model", str(demo_model_dir),
          "--input", str(src), "--output", str(tmp_path / "rt.wav"), "--realtime",
-         "--no-persona", "--device", "cpu"], stderr=subprocess.PIPE, text=True)
+         "--no-persona", "--device", "cpu"], stderr=subprocess.PIPE, text=True,
+        preexec_fn=default_sigint)
     for line in proc.stderr:  # the live loop's first status line: the loop is running
         if line.startswith("frames "):
             break

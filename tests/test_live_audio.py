@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+from interrupt import default_sigint
 
 pytestmark = pytest.mark.skipif(
     shutil.which("pulseaudio") is None or shutil.which("pactl") is None,
@@ -141,7 +142,7 @@ def test_ctrl_c_stops_cleanly_with_a_summary(pulse_env, demo_model_dir):
     mic = subprocess.Popen(
         [sys.executable, "-m", "personaplex_edge.cli", "--mic", "--model", str(demo_model_dir),
          "--no-persona"], env=pulse_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
+        text=True, preexec_fn=default_sigint)
     time.sleep(6)
     mic.send_signal(signal.SIGINT)
     _, err = mic.communicate(timeout=30)
