@@ -29,6 +29,7 @@ from personaplex_edge.errors import AudioError, PersonaPlexError
 from . import conversation as core
 from .lockstep import LockstepPool
 from .model import LoadedModel
+from .pcm_frames import frame_at, frame_count
 from .persona import DEFAULT_TEXT_PROMPT, Persona
 from .persona_cache import PersonaCache
 from .response import Response, ResponseBuilder
@@ -390,9 +391,5 @@ class Conversation:
 
     def _cut(self, signal: np.ndarray) -> Iterator[np.ndarray]:
         """A signal at the model's rate in frames, the last padded with silence."""
-        n = self.frame_size
-        for start in range(0, signal.shape[0], n):
-            frame = signal[start:start + n]
-            if frame.shape[0] < n:
-                frame = np.concatenate([frame, np.zeros(n - frame.shape[0], np.float32)])
-            yield self._frame(frame)
+        for i in range(frame_count(signal.shape[0], self.frame_size)):
+            yield self._frame(frame_at(signal, i, self.frame_size))

@@ -14,6 +14,7 @@ from personaplex_edge.errors import AudioError
 from personaplex_edge.manifest import Manifest, load_model_dir
 
 from .backends import LoadedGraph, load_graphs
+from .pcm_frames import frame_at, frame_count
 
 
 class Codec:
@@ -63,12 +64,10 @@ class Codec:
 
     def encode(self, pcm: np.ndarray) -> np.ndarray:
         """A whole signal [T] -> codes [frames, n]; the last frame is padded with silence."""
-        frames = -(-pcm.shape[0] // self.frame_size)
-        padded = np.zeros(frames * self.frame_size, np.float32)
-        padded[:pcm.shape[0]] = pcm
+        frames = frame_count(pcm.shape[0], self.frame_size)
         codes = np.empty((frames, self.num_codebooks), np.int64)
         for i in range(frames):
-            codes[i] = self.encode_frame(padded[i * self.frame_size:(i + 1) * self.frame_size])
+            codes[i] = self.encode_frame(frame_at(pcm, i, self.frame_size))
         return codes
 
     def decode(self, codes: np.ndarray) -> np.ndarray:

@@ -1,7 +1,11 @@
-"""Raw PCM (mono, at the model's rate) -> the model's float32 frames, for the front ends whose
-peers send bare samples in pieces of any size: `stdio` (PCM16) and OpenAI Realtime's base64
-appends (PCM16, or vllm-omni's float32). The pieces are joined and cut into whole frames; a
-partial sample (an odd byte of PCM16) and a partial frame wait for the next piece."""
+"""Audio -> the model's float32 frames.
+
+A whole signal: frame i is samples [i * 1920, (i + 1) * 1920), the last one padded with
+silence (`frame_count`, `frame_at`) - as `run`, `respond`, `batch`, `stream` and the codec cut
+a recording. Raw PCM in pieces (`PcmFrames`), for the front ends whose peers send bare samples
+in pieces of any size: `stdio` (PCM16) and OpenAI Realtime's base64 appends (PCM16, or
+vllm-omni's float32); the pieces are joined and cut into whole frames, and a partial sample
+(an odd byte of PCM16) and a partial frame wait for the next piece."""
 
 from __future__ import annotations
 
@@ -11,6 +15,21 @@ PCM16 = "pcm16"  # 16-bit little-endian integers
 F32 = "pcm_f32le"  # 32-bit little-endian floats (vllm-omni's PersonaPlex input)
 SAMPLE_BYTES = {PCM16: 2, F32: 4}
 PCM16_SCALE = 32768.0  # as soundfile reads a PCM16 wav: int / 32768
+
+
+def frame_count(samples: int, frame_size: int) -> int:
+    """Frames of a signal of `samples` (the last partial one counts)."""
+    return -(-samples // frame_size)
+
+
+def frame_at(signal: np.ndarray, i: int, frame_size: int) -> np.ndarray:
+    """Frame i of a signal [T]: a view, or a padded copy for the last partial frame."""
+    frame = signal[i * frame_size:(i + 1) * frame_size]
+    if frame.shape[0] == frame_size:
+        return frame
+    padded = np.zeros(frame_size, np.float32)
+    padded[:frame.shape[0]] = frame
+    return padded
 
 
 class PcmFrames:

@@ -11,6 +11,7 @@ import numpy as np
 
 from personaplex_edge.streams import AGENT_FIRST, TEXT_STREAM, USER_FIRST
 
+from .pcm_frames import frame_at, frame_count
 from .text import TextTokenizer
 
 
@@ -35,17 +36,16 @@ class ResponseBuilder:
                  keep_codes: bool = False):
         self.samples = signal.shape[0]
         self.frame_size = frame_size
-        self.frames = -(-self.samples // frame_size)
-        self._input = np.zeros(self.frames * frame_size, np.float32)  # [frames * frame]
-        self._input[:self.samples] = signal
-        self._output = np.empty_like(self._input)
+        self.frames = frame_count(self.samples, frame_size)
+        self._input = np.asarray(signal, np.float32)  # [T]
+        self._output = np.empty(self.frames * frame_size, np.float32)  # [frames * frame]
         self._text = text
         self.records: list[str] = []
         self.pieces: list[str] = []
         self._emitted: list[np.ndarray] | None = [] if keep_codes else None  # [9] each
 
     def frame(self, i: int) -> np.ndarray:
-        return self._input[i * self.frame_size:(i + 1) * self.frame_size]
+        return frame_at(self._input, i, self.frame_size)
 
     def add(self, i: int, pcm: np.ndarray, token: int | None,
             emitted: np.ndarray | None = None) -> str:

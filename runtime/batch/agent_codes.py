@@ -22,6 +22,7 @@ from personaplex_edge.atomic import write_bytes_atomic
 from personaplex_edge.errors import PersonaPlexError
 
 from ..codec import Codec
+from ..pcm_frames import frame_count
 
 FORMAT = 1
 
@@ -65,6 +66,6 @@ class AgentCodes:
                 f"model's codec has {codec.sample_rate} Hz, {codec.frame_size} and "
                 f"{codec.num_codebooks}: decode with the model that wrote them")
         codec.reset()
-        steps = -(-self.samples // self.frame_size)
+        steps = frame_count(self.samples, self.frame_size)
         silence = np.zeros((steps - self.codes.shape[0]) * self.frame_size, np.float32)
         return np.concatenate([silence, codec.decode(self.codes)])[:self.samples]
