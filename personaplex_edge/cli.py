@@ -158,9 +158,7 @@ def _sampling(args):
 def _persona_cache(args, progress=print):
     from .runtime.persona_cache import PersonaCache
 
-    if args.persona_cache_mb < 0:
-        raise PersonaPlexError("--persona-cache-mb must be 0 or more")
-    return PersonaCache(int(args.persona_cache_mb * 2**20), args.persona_cache_dir, progress)
+    return PersonaCache.sized(args.persona_cache_mb, args.persona_cache_dir, progress)
 
 
 def _load_model(args, progress=print):

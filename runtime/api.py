@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, AsyncIterable, AsyncIterator, Callable, Iterab
 
 import numpy as np
 
-from personaplex_edge.errors import AudioError, PersonaPlexError
+from personaplex_edge.errors import AudioError
 
 from . import conversation as core
 from .lockstep import LockstepPool
@@ -65,9 +65,7 @@ def load(model: str | Path, device: str = "auto", threads: int | None = None, *,
     from personaplex_edge.model_ref import resolve_model
 
     say = progress or (lambda line: None)
-    if persona_cache_mb < 0:
-        raise PersonaPlexError("persona_cache_mb must be 0 or more")
-    cache = PersonaCache(int(persona_cache_mb * 2**20), persona_cache_dir, say)
+    cache = PersonaCache.sized(persona_cache_mb, persona_cache_dir, say)
     return Model.load(resolve_model(str(model), say), device=device, threads=threads,
                       progress=say, persona_cache=cache)
 

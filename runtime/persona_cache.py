@@ -101,6 +101,17 @@ class PersonaCache:
     def _path(self, key: str) -> Path | None:
         return None if self.directory is None else self.directory / f"persona-{key}.npz"
 
+    @classmethod
+    def sized(cls, megabytes: float, directory: str | Path | None = None,
+              progress: Callable[[str], None] | None = None) -> "PersonaCache":
+        """A cache of at most `megabytes` in memory (the --persona-cache-mb flag and
+        pe.load's persona_cache_mb), refused below 0."""
+        from personaplex_edge.errors import PersonaPlexError
+
+        if megabytes < 0:
+            raise PersonaPlexError("--persona-cache-mb (persona_cache_mb) must be 0 or more")
+        return cls(int(megabytes * 2**20), directory, progress)
+
     def get(self, key: str) -> Snapshot | None:
         with self._lock:
             snap = self._items.get(key)

@@ -13,20 +13,12 @@ import sys
 import numpy as np
 import pytest
 import soundfile as sf
+from signals import voiced
 
 import personaplex_edge as pe
 from personaplex_edge.cli import main
 
 PROMPT = "You enjoy having a good conversation."
-
-
-def _speech(seconds: float, rate: int, seed: int) -> np.ndarray:
-    """A voiced, changing signal (not silence: the codes and answers must vary)."""
-    rng = np.random.default_rng(seed)
-    t = np.arange(int(seconds * rate)) / rate
-    f0 = 140 + 40 * np.sin(2 * np.pi * 0.7 * t)
-    tone = 0.3 * np.sin(2 * np.pi * np.cumsum(f0) / rate)
-    return (tone + 0.02 * rng.standard_normal(t.shape)).astype(np.float32)
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +71,7 @@ def test_a_recording_through_the_api_equals_run(model, demo_model_dir, tmp_path,
     The answer (as PCM16 in a wav), the per-frame records and the transcript agree exactly,
     through respond() and through stream()."""
     source = tmp_path / "question.wav"
-    sf.write(source, _speech(5.3, 16000, seed=1), 16000, subtype="PCM_16")
+    sf.write(source, voiced(5.3, 16000, seed=1), 16000, subtype="PCM_16")
     out, records = tmp_path / "run.wav", tmp_path / "run.json"
     assert main(["run", "--model", str(demo_model_dir), "--input", str(source), "--output",
                  str(out), "--text-out", str(records), "--device", "cpu",
@@ -110,7 +102,7 @@ def test_a_recording_through_the_api_equals_run(model, demo_model_dir, tmp_path,
 def test_two_conversations_on_one_model_each_answer_as_alone(model):
     settings = [dict(text_prompt=PROMPT, voice="NATF2", seed=1),
                 dict(text_prompt="Be brief.", voice="NATM1", seed=2)]
-    audio = [_speech(3.04, 24000, seed=k) for k in range(2)]  # 38 whole frames
+    audio = [voiced(3.04, 24000, seed=k) for k in range(2)]  # 38 whole frames
     alone = []
     for k in range(2):
         with model.conversation(**settings[k]) as conv:
@@ -129,7 +121,7 @@ def test_two_conversations_on_one_model_each_answer_as_alone(model):
 
 
 def test_asyncio_steps_off_the_loop_and_answers_as_stream(model):
-    pcm = _speech(2, 24000, seed=4)
+    pcm = voiced(2, 24000, seed=4)
     with model.conversation(greedy=True) as conv:
         expected = [(p, t) for p, t in conv.stream(pcm)]
 
@@ -173,6 +165,7 @@ def test_bad_arguments_are_one_exception_type_naming_the_fix(model, tmp_path):
     assert "NOPE1" in said and "NATF2" in said  # the voices there are
     assert model.open_conversations == 0  # the refused conversation gave its row back
     assert "above 0" in _refusal(lambda: model.conversation(temp=0))
+    assert "0 or more" in _refusal(lambda: pe.load(model.model_dir, persona_cache_mb=-1))
     with model.conversation(persona=False) as conv:
         assert "1920" in _refusal(lambda: conv.step(np.zeros(1000, np.float32)))
         assert "24000" in _refusal(lambda: conv.step(np.zeros(1920, np.float32),

@@ -13,20 +13,13 @@ import numpy as np
 import pytest
 from interrupt import default_sigint
 import soundfile as sf
+from signals import voiced
 
 from personaplex_edge.cli import main
 from personaplex_edge.runtime.batch import BatchProgress, find_items, parse_shard, shard
 from personaplex_edge.runtime.batch import progress as progress_module
 
 PROMPT = "You enjoy having a good conversation."
-
-
-def _speech(seconds: float, rate: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    t = np.arange(int(seconds * rate)) / rate
-    f0 = 120 + 60 * np.sin(2 * np.pi * (0.5 + 0.1 * seed) * t)
-    tone = 0.3 * np.sin(2 * np.pi * np.cumsum(f0) / rate)
-    return (tone + 0.02 * rng.standard_normal(t.shape)).astype(np.float32)
 
 
 @pytest.fixture
@@ -37,9 +30,9 @@ def fdb_tree(tmp_path):
     for name, seconds, rate in (("sample_a", 2.3, 16000), ("sample_b", 3.1, 24000),
                                 ("sample_c", 1.7, 48000)):
         (root / name).mkdir(parents=True)
-        sf.write(root / name / "input.wav", _speech(seconds, rate, len(name) + rate % 7), rate,
+        sf.write(root / name / "input.wav", voiced(seconds, rate, len(name) + rate % 7), rate,
                  subtype="PCM_16")
-    sf.write(root / "sample_b" / "clean_input.wav", _speech(2.0, 24000, 9), 24000,
+    sf.write(root / "sample_b" / "clean_input.wav", voiced(2.0, 24000, 9), 24000,
              subtype="PCM_16")
     (root / "sample_b" / "metadata.json").write_text("{}")
     return root
@@ -83,8 +76,8 @@ def test_a_folder_and_a_manifest_with_personas_answer_as_run_with_those_flags(
         demo_model_dir, tmp_path):
     folder = tmp_path / "calls"
     (folder / "day1").mkdir(parents=True)
-    sf.write(folder / "day1" / "a.flac", _speech(2.0, 22050, 1), 22050)
-    sf.write(folder / "b.wav", _speech(1.5, 24000, 2), 24000)
+    sf.write(folder / "day1" / "a.flac", voiced(2.0, 22050, 1), 22050)
+    sf.write(folder / "b.wav", voiced(1.5, 24000, 2), 24000)
     answers = tmp_path / "answers"
     assert _batch(demo_model_dir, "--input", str(folder), "--output", str(answers),
                   "--seed", "4", "--text-prompt", PROMPT) == 0
@@ -301,7 +294,7 @@ def test_a_real_ctrl_c_with_two_workers_stops_cleanly(demo_model_dir, tmp_path):
     root = tmp_path / "long"
     for k in range(6):
         (root / f"s{k}").mkdir(parents=True)
-        sf.write(root / f"s{k}" / "input.wav", _speech(40.0, 24000, k), 24000, subtype="PCM_16")
+        sf.write(root / f"s{k}" / "input.wav", voiced(40.0, 24000, k), 24000, subtype="PCM_16")
     proc = subprocess.Popen([sys.executable, "-m", "personaplex_edge.cli", "batch", "--model",
                              str(demo_model_dir), "--device", "cpu", "--input", str(root),
                              "--greedy", "--no-persona", "--workers", "2", "--threads", "1"],
