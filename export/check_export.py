@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from personaplex_edge.contract import MIMI_ENCODER
 from personaplex_edge.errors import PersonaPlexError
 from personaplex_edge.findings import Finding
 from personaplex_edge.manifest import Manifest
@@ -49,7 +48,7 @@ def against_checkpoint(model_dir: str | Path, manifest: Manifest, checkpoint: st
                         "another model than the manifest's config: not the checkpoint of this "
                         "export")]
     cfg = manifest.config
-    batch = manifest.graphs[MIMI_ENCODER].inputs[0].shape[0]
+    batch = manifest.batch
     out = []
     progress(f"checking the codec graphs against torch ({ckpt.mimi.name})")
     mimi = load_mimi(ckpt.mimi, cfg.mimi_config)

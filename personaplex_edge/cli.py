@@ -291,19 +291,23 @@ def cmd_batch(args) -> int:
         raise PersonaPlexError("--rows must be at least 1")
     if args.workers is not None and args.workers < 1:
         raise PersonaPlexError("--workers must be at least 1")
-    model = _load_model(args, _note)
-    workers = args.workers or 1
+    # the model's batch and backend decide the default, before anything is loaded: on a
+    # batch-1 model on the CPU a worker per core, each session call on one thread, beats one
+    # item at a time on every core (README, Measured: Batch - 1.4-1.5x on the demo model,
+    # 1.07x on the mid one)
+    from .manifest import load_model_dir
+    from .runtime.backends import cpu_only
+
+    args.model = str(resolve_model(args.model, _note))  # a hub id is fetched once
+    manifest = load_model_dir(args.model, need="lm", progress=_note)
     cores = os.cpu_count() or 1
-    if args.workers is None and model.batch == 1 and model.runs_on == ["onnxruntime-cpu"] \
-            and cores > 1:
-        # measured (README, Measured: Batch): a worker per core, each session call on one
-        # thread, beats one item at a time on every core (1.4-1.5x on the demo model, 1.07x
-        # on the mid one)
+    workers = args.workers or 1
+    if args.workers is None and cores > 1 and manifest.batch == 1 \
+            and cpu_only(manifest, args.device):
         workers = cores
         if args.threads is None:
-            model.close()
             args.threads = 1
-            model = _load_model(args, _note)
+    model = _load_model(args, _note)
     model.text  # every item's prompt and text need it: a model without one stops here
     _note(f"{layout.kind}: {len(items)} of {len(layout.items)} items (shard {k}/{n}), "
           f"{args.rows or model.batch} at a time"

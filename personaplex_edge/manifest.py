@@ -24,8 +24,8 @@ from typing import Any, Callable
 from . import __version__
 from .atomic import write_text_atomic
 from .config import PersonaPlexConfig
-from .contract import (CODEC_GRAPHS, KV_INPUT_PREFIX, KV_OUTPUT_PREFIX, POSITION,
-                       state_input, state_output)
+from .contract import (CODEC_GRAPHS, KV_INPUT_PREFIX, KV_OUTPUT_PREFIX, MIMI_ENCODER,
+                       POSITION, state_input, state_output)
 from .errors import ConfigError, ModelDirError
 from .user_cache import user_cache_dir
 
@@ -202,6 +202,12 @@ class Manifest:
     files: dict[str, str] = field(default_factory=dict)  # other files (tokenizer, voices) -> sha256
     package_version: str = __version__
     source_revision: str | None = None  # the hub commit of `source`, when it came from the hub
+
+    @property
+    def batch(self) -> int:
+        """The conversations one graph call steps (every graph's leading dimension; the codec
+        is in every export)."""
+        return self.graphs[MIMI_ENCODER].inputs[0].shape[0]
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "format_version": FORMAT_VERSION,

@@ -4,7 +4,7 @@ Everything in it comes from the manifest, so the card cannot say what the files 
 
 from __future__ import annotations
 
-from .contract import DEPFORMER_STEP, HELIUM_STEP, MIMI_ENCODER
+from .contract import DEPFORMER_STEP, HELIUM_STEP
 from .manifest import GraphEntry, Manifest
 
 # The weights are NVIDIA's (nvidia/personaplex-7b-v1); this project's code is MIT.
@@ -12,11 +12,6 @@ WEIGHTS_LICENCE = "NVIDIA Open Model License"
 WEIGHTS_LICENCE_ID = "nvidia-open-model-license"
 WEIGHTS_LICENCE_LINK = ("https://www.nvidia.com/en-us/agreements/enterprise-software/"
                         "nvidia-open-model-license/")
-
-
-def batch_of(manifest: Manifest) -> int:
-    """The conversations one graph call steps (the codec's leading dimension)."""
-    return manifest.graphs[MIMI_ENCODER].inputs[0].shape[0]
 
 
 def _figures(entry: GraphEntry) -> str:
@@ -81,7 +76,7 @@ personaplex-edge verify --model {repo}      # every file's hash, every graph's s
 | precision | {manifest.precision}{f' (depformer {depformer})' if depformer and depformer != manifest.precision else ''} |
 | KV ring | {', '.join(kv) or '-'} |
 | backend | {manifest.backend} |
-| batch | {batch_of(manifest)} conversation(s) per graph call |
+| batch | {manifest.batch} conversation(s) per graph call |
 | personaplex-edge | {manifest.package_version} |
 
 ## What the export measured

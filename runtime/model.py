@@ -46,7 +46,7 @@ class LoadedModel:
         mimi = self.config.mimi_config
         self.frame_size, self.sample_rate = mimi.samples_per_frame, mimi.sample_rate
         self.context = self.config.temporal_config.max_position_embeddings
-        self.batch = manifest.graphs[HELIUM_STEP].inputs[0].shape[0]
+        self.batch = manifest.batch
         self.initial_tokens = initial_tokens(self.config)  # [17]
         self.manifest_sha256 = manifest_sha256(model_dir)
         self._voices: list[str] | None = None

@@ -102,6 +102,13 @@ def _gpu_backend(model_dir: Path, manifest: Manifest, names: Sequence[str],
     return graphs
 
 
+def cpu_only(manifest: Manifest, device: str = "auto") -> bool:
+    """Whether load_graphs puts this model on the CPU without trying a GPU backend: asked for,
+    or no backend a GPU could run it on is installed (an onnx model, no CUDA provider)."""
+    return device == "cpu" or (manifest.backend != "tensorrt"
+                               and "CUDAExecutionProvider" not in choose_providers("auto"))
+
+
 def load_graphs(model_dir: str | Path, manifest: Manifest, names: Sequence[str],
                 device: str = "auto", threads: int | None = None,
                 progress: Callable[[str], None] | None = None) -> dict[str, LoadedGraph]:
@@ -113,8 +120,7 @@ def load_graphs(model_dir: str | Path, manifest: Manifest, names: Sequence[str],
     both = side_by_side()
     if both:
         say(f"warning: {both}")
-    if device != "cpu" and (manifest.backend == "tensorrt"
-                            or "CUDAExecutionProvider" in choose_providers("auto")):
+    if not cpu_only(manifest, device):
         try:
             return _gpu_backend(model_dir, manifest, names, say)
         except PersonaPlexError as e:
