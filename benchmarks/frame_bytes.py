@@ -29,17 +29,6 @@ DEVICES = {"Jetson AGX Orin": 204.8, "Jetson AGX Thor": 273.0, "RTX 4090": 1008.
 # machine that has no onnx (scripts/helium_timing.py)
 
 
-def _init_bytes(t) -> int:
-    """Stored bytes of an initializer (onnx TensorProto), from its type and shape (external data
-    not read)."""
-    import onnx
-
-    count = int(np.prod(t.dims, dtype=np.int64))
-    if t.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
-        return (count + 1) // 2
-    return count * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-
-
 def _tables(graph) -> set[str]:
     """Initializers that only feed Gather data inputs (through Reshape/Identity/Cast)."""
     producers = {o: n for n in graph.node for o in n.output}
@@ -58,9 +47,11 @@ def graph_bytes_per_frame(path: str | Path) -> int:
     """Initializer bytes one run of a graph reads (tables excluded)."""
     import onnx
 
+    from personaplex_edge.export.graph_edit import tensor_bytes
+
     graph = onnx.load(str(path), load_external_data=False).graph
     tables = _tables(graph)
-    return sum(_init_bytes(t) for t in graph.initializer if t.name not in tables)
+    return sum(tensor_bytes(t) for t in graph.initializer if t.name not in tables)
 
 
 def model_bytes_per_frame(model_dir: str | Path, manifest: Manifest,
