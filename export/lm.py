@@ -45,6 +45,8 @@ from .checkpoint import TensorFile, check_tensors
 from .depformer import Depformer
 from .frugal import SafetensorsHeader, Segment, WeightPlan
 from .helium import Helium
+from .lm_weights import (checkpoint_sources, final_graph, made, read_parameter, spot_check,
+                         stored_build, write_graph)
 from .onnx_export import export_step, trace_step, verify_step
 from .precision_plan import PrecisionPlan
 from .sampling import DEFAULT_K_MAX
@@ -330,20 +332,6 @@ def placeholder_lm(cfg: PersonaPlexConfig) -> tuple[Helium, Depformer]:
     return helium.eval(), depformer.eval()
 
 
-def read_parameter(plan: WeightPlan, header: SafetensorsHeader) -> torch.Tensor:
-    """A parameter as float32, converted by torch from the stored bits: a path independent of
-    the numpy conversion that wrote the graph's data, so the check covers that too."""
-    out = torch.empty(plan.shape, dtype=torch.float32)
-    flat, at = out.view(-1), 0
-    for s in plan.segments:
-        dtype = header.info(s.key).dtype
-        for bits in header.iter_raw(s.key, s.start, s.stop):
-            t = torch.from_numpy(bits.view(np.int16) if dtype == "BF16" else bits).reshape(-1)
-            flat[at:at + t.numel()] = t.view(torch.bfloat16) if dtype == "BF16" else t
-            at += t.numel()
-    return out
-
-
 @contextmanager
 def streamed_weights(module: nn.Module, plans: dict[str, WeightPlan], header: SafetensorsHeader,
                      streamed: list[str]) -> Iterator[None]:
@@ -465,7 +453,6 @@ def _export_graph(job, header: SafetensorsHeader, out_dir: Path, cfg: PersonaPle
     (None: float32), straight from the checkpoint (lm_weights.py). With `check`, the float32
     graph first runs once in onnxruntime beside the torch module, its weights fed from memory.
     Returns its entry (KV rings split out, in the plan's dtype) and the weightless trace."""
-    from .lm_weights import checkpoint_sources, final_graph, made, write_graph
     from .precision import planned_entry
 
     name, owner, fn, specs, outputs, plans, streamed = job
@@ -527,8 +514,6 @@ def spot_check_weights(path: str | Path, plans: dict[str, WeightPlan],
     final_graph for a converted graph); by default the graph is float32 as traced. Catches a
     wrong offset, order, slice or conversion in any tensor without reading the weights again.
     Returns the parameter rows compared."""
-    from .lm_weights import spot_check, stored_build
-
     return spot_check(path, build or stored_build(path), plans, header)
 
 
@@ -556,8 +541,6 @@ def export_lm_graphs_frugal(cfg: PersonaPlexConfig, checkpoint_path: str | Path,
       "auto"            "full" where it fits in the available memory, else "reduced"
       "off" (or False)  nothing
     """
-    from .lm_weights import final_graph
-
     mode = {True: "full", False: "off"}.get(verify, verify)
     if mode not in ("full", "reduced", "auto", "off"):
         raise ValueError(f"verify={verify!r}")
@@ -603,7 +586,6 @@ def export_lm_graphs_frugal(cfg: PersonaPlexConfig, checkpoint_path: str | Path,
 def _check_only(job, header: SafetensorsHeader, out_dir: Path, cfg: PersonaPlexConfig) -> dict:
     """The in-memory check of a graph that is not written (the one-layer probe): traced
     weightless into `out_dir`, run fed from memory beside its torch module."""
-    from .lm_weights import checkpoint_sources, made
 
     name, owner, fn, specs, outputs, plans, streamed = job
     examples = example_inputs(specs, cfg)

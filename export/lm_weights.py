@@ -29,6 +29,7 @@ from typing import Callable
 
 import numpy as np
 import onnx
+import torch
 from onnx import TensorProto, numpy_helper
 
 from personaplex_edge.progress import Meter
@@ -80,6 +81,20 @@ def made(sources: Sources) -> dict[str, np.ndarray]:
     """Every source's array: a traced graph's weights as onnxruntime feeds (the in-memory
     check; one float32 copy of the graph's weights)."""
     return {name: make() for name, make in sources.items()}
+
+
+def read_parameter(plan: WeightPlan, header: SafetensorsHeader) -> torch.Tensor:
+    """A parameter as float32, converted by torch from the stored bits: a path independent of
+    the numpy conversion that wrote the graph's data, so the check covers that too."""
+    out = torch.empty(plan.shape, dtype=torch.float32)
+    flat, at = out.view(-1), 0
+    for s in plan.segments:
+        dtype = header.info(s.key).dtype
+        for bits in header.iter_raw(s.key, s.start, s.stop):
+            t = torch.from_numpy(bits.view(np.int16) if dtype == "BF16" else bits).reshape(-1)
+            flat[at:at + t.numel()] = t.view(torch.bfloat16) if dtype == "BF16" else t
+            at += t.numel()
+    return out
 
 
 # ---- the spot check ------------------------------------------------------------------------------
@@ -150,8 +165,6 @@ def spot_check(path: str | Path, build: Callable[[Sources], EditableGraph],
     construction, e.g. final_graph) makes of the checkpoint, three output channels at a time,
     the parameters read by torch (lm.read_parameter). Returns the parameter rows compared;
     raises ExportMismatch naming the first weight, row and checkpoint tensor that differ."""
-    from .lm import read_parameter
-
     path = Path(path)
     stored = {t.name: t for t in onnx.load(str(path), load_external_data=False).graph.initializer}
     windows = {name: _windows(plan.shape[0]) for name, plan in plans.items()}
