@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import re
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
@@ -461,14 +462,24 @@ def _export_graph(job, header: SafetensorsHeader, out_dir: Path, cfg: PersonaPle
     sources = checkpoint_sources(plans, header)
     rings = _ring_names(name, cfg)
     kept: dict = {}
+    t0 = time.perf_counter()
 
     def weights(p):
         trace = kept["trace"] = onnx.load(str(p))  # small: the parameters are inputs
+        progress(f"  {name}.onnx: traced ({time.perf_counter() - t0:.0f} s)")
         if check:
+            t1 = time.perf_counter()
             kept["check"] = check_lm_graph(p, job, header, cfg, weights=made(sources))
-        what = plan.precision if plan is not None else "fp32"
-        progress(f"  {name}.onnx: writing its weights ({what}) from the checkpoint")
-        return write_graph(final_graph(trace, p, sources, plan, rings), p, progress)
+            progress(f"  {name}.onnx: the float32 graph checked in onnxruntime against torch "
+                     f"({time.perf_counter() - t1:.0f} s)")
+        g = final_graph(trace, p, sources, plan, rings)
+        what = "fp32" if plan is None else plan.precision
+        progress(f"  {name}.onnx: writing its {g.stored_bytes() / 1e9:.2f} GB of weights "
+                 f"({what}) from the checkpoint")
+        t1 = time.perf_counter()
+        files = write_graph(g, p, progress)
+        progress(f"  {name}.onnx: written ({time.perf_counter() - t1:.0f} s)")
+        return files
 
     def traced(*args):
         return fn(*args[:-1]), {}  # no StateSpec state
@@ -487,9 +498,9 @@ def check_lm_graph(path: Path, job, header: SafetensorsHeader, cfg: PersonaPlexC
                    atol: float | None = 1e-4,
                    weights: dict[str, np.ndarray] | None = None) -> dict:
     """The export's check of an LM graph written at `path` (or traced there without its
-    weights, which `weights` then feeds: onnx_export.verify_step): run in onnxruntime beside the torch
-    module of `job` (lm_jobs) with the checkpoint's weights streamed in, live (1 frame) and as
-    a prefill (3 frames), on the seeded example inputs. Returns the record of what it measured
+    weights, which `weights` then feeds: onnx_export.verify_step): run in onnxruntime beside
+    the torch module of `job` (lm_jobs) with the checkpoint's weights streamed in, live (1
+    frame) and as a prefill (3 frames), on the seeded example inputs. Returns the record of what it measured
     (GraphEntry.check); raises ExportMismatch beyond `atol`."""
     name, owner, fn, specs, outputs, plans, streamed = job
 
@@ -560,10 +571,13 @@ def export_lm_graphs_frugal(cfg: PersonaPlexConfig, checkpoint_path: str | Path,
                          f"{have / 1e9:.1f} GB is available: checking a one-layer probe "
                          "and spot-checking every weight instead")
         if check == "reduced":
+            t0 = time.perf_counter()
+            progress(f"  {name}: checking a one-layer probe in onnxruntime against torch")
             probe_cfg = _probe_config(cfg)
             probe = next(j for j in lm_jobs(probe_cfg, batch, k_max) if j[0] == name)
             with tempfile.TemporaryDirectory(prefix=f".probe_{name}", dir=out_dir) as tmp:
                 probed = _check_only(probe, header, Path(tmp), probe_cfg)
+            progress(f"  {name}: probe checked ({time.perf_counter() - t0:.0f} s)")
         entries[name], trace = _export_graph(job, header, out_dir, cfg, check == "full",
                                              progress, precisions.get(name))
         if check == "off":
@@ -574,12 +588,12 @@ def export_lm_graphs_frugal(cfg: PersonaPlexConfig, checkpoint_path: str | Path,
         if check == "full":
             entries[name].check["weight_rows_compared"] = rows
             progress(f"  {name}.onnx: checked in onnxruntime against torch, {rows} weight rows "
-                     "spot-checked")
+                     "spot-checked against the checkpoint")
         else:
             entries[name].check = {**probed, "how": "one-layer probe",
                                    "weight_rows_compared": rows}
             progress(f"  {name}.onnx: one-layer probe checked in onnxruntime against torch, "
-                     f"{rows} weight rows spot-checked")
+                     f"{rows} weight rows spot-checked against the checkpoint")
     return entries
 
 

@@ -443,6 +443,39 @@ def test_reduced_check_for_graphs_too_large_to_run(tmp_path, monkeypatch):
         lm.spot_check_weights(tmp_path / "depformer_step.onnx", plans, header)
 
 
+def test_a_weight_written_wrong_in_its_precision_is_caught(tmp_path, monkeypatch):
+    """The weights are written in their precision straight from the checkpoint: the spot check
+    makes a middle output channel of each again (torch's bf16 conversion, the same passes) and
+    finds one written wrong in the int4 data, naming the weight, row and checkpoint tensor."""
+    from personaplex_edge.export import external_data, lm
+    from personaplex_edge.export.onnx_export import ExportMismatch
+    from personaplex_edge.export.precision_plan import lm_plans
+
+    bundle = lm_bundle()
+    plans = lm_plans("int4", depformer_precision="int8")
+    lines = []
+    entries = lm.export_lm_graphs_frugal(bundle.cfg, bundle.checkpoint, tmp_path / "good",
+                                         progress=lines.append, precisions=plans)
+    assert (entries["helium_step"].precision, entries["depformer_step"].precision) == (
+        "int4", "int8")
+    assert sum("spot-checked" in line for line in lines) == 2
+    n = 2 * bundle.cfg.temporal_config.intermediate_size  # linear_in's output channels
+    add = external_data.ExternalDataFile.add
+
+    def damaged(self, name, data_type, dims, chunks, nbytes):
+        if name == "owner.layers.1.gating.linear_in.weight.T.q4":  # [N, blocks, blob] uint8
+            raw = bytearray(b"".join(bytes(c) for c in chunks))
+            raw[(n // 2) * (nbytes // n)] ^= 0x11  # the middle channel's first byte
+            chunks = [bytes(raw)]
+        return add(self, name, data_type, dims, chunks, nbytes)
+
+    monkeypatch.setattr(external_data.ExternalDataFile, "add", damaged)
+    with pytest.raises(ExportMismatch, match=rf"linear_in\.weight\.T\.q4 row {n // 2} of "
+                                             r"'transformer\.layers\.1\.gating\.linear_in"):
+        lm.export_lm_graphs_frugal(bundle.cfg, bundle.checkpoint, tmp_path / "bad",
+                                   precisions=plans)
+
+
 def test_export_that_cannot_fit_on_disk(published, tmp_path, monkeypatch):
     from personaplex_edge.errors import PersonaPlexError
     from personaplex_edge.export import model_export
