@@ -135,6 +135,16 @@ class TokenRing:
         self.tokens[:, AGENT_STREAMS, col] = np.asarray(agent, dtype=np.int64).reshape(
             self.batch, CODEBOOKS_PER_SPEAKER)
 
+    def jump(self, position: int) -> None:
+        """Goes on at `position` as if every frame between had run: the columns the ring holds
+        keep their places relative to the next step. A benchmark starts a conversation deep in
+        its context this way (`bench --position`) instead of stepping there."""
+        if position < self.offset:
+            raise ValueError(f"the ring is at {self.offset} already; it cannot go back to "
+                             f"{position}")
+        self.tokens[...] = np.roll(self.tokens, position - self.offset, axis=2)
+        self.offset = position
+
     def output(self) -> np.ndarray | None:
         """[B, 9] int64 (text, agent cb0..7) of the newest complete frame, or None while the
         first frame is not complete yet (the first MAX_DELAY steps)."""
