@@ -33,6 +33,15 @@ def test_a_jumped_ring_goes_on_as_if_it_had_stepped():
         np.testing.assert_array_equal(out_a, out_b)
     with pytest.raises(ValueError, match="cannot go back"):
         jumped.jump(10)
+    # a ring that has not stepped yet (no persona) starts there: the same frames as from 0
+    fresh, start = TokenRing(cfg), TokenRing(cfg)
+    fresh.jump(3000)
+    for t in range(4):
+        (a, out_a), (b, out_b) = _frame(start, t), _frame(fresh, t)
+        np.testing.assert_array_equal(a, b)
+        assert (out_a is None) == (out_b is None)
+        if out_a is not None:
+            np.testing.assert_array_equal(out_a, out_b)
 
 
 def test_bench_at_a_position_steps_there(demo_model_dir, tmp_path, monkeypatch, capsys):
