@@ -53,6 +53,11 @@ os.environ.setdefault("NO_TORCH_COMPILE", "1")
 report, argv = sys.argv[1], sys.argv[2:]
 t0 = time.perf_counter()
 out = io.StringIO()
+class Tee(io.TextIOBase):  # the step's output shown as it comes, and kept
+    def write(self, s):
+        sys.__stdout__.write(s)
+        sys.__stdout__.flush()
+        return out.write(s)
 if argv[0] == "checkpoint":
     from personaplex_edge.config import PersonaPlexConfig
     from personaplex_edge.export.synthetic import write_synthetic_checkpoint
@@ -61,7 +66,7 @@ if argv[0] == "checkpoint":
     rc = 0
 else:
     from personaplex_edge.cli import main
-    with contextlib.redirect_stdout(out):
+    with contextlib.redirect_stdout(Tee()):
         rc = main(argv)
 with open("/proc/self/status") as f:
     hwm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))

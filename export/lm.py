@@ -36,8 +36,9 @@ from torch import nn
 from personaplex_edge.config import PersonaPlexConfig
 from personaplex_edge.contract import (AUDIO_NOISE, AUDIO_TEMPERATURE, AUDIO_TOKENS, AUDIO_TOP_K,
                                        DEPFORMER_STEP, EXTRA_EMBEDDING, FRAMES_AXIS, HELIUM_STEP,
-                                       HIDDEN, KV_KINDS, POSITION, TEXT_NOISE, TEXT_TEMPERATURE,
-                                       TEXT_TOKEN, TEXT_TOP_K, TOKENS, kv_input, kv_output)
+                                       HIDDEN, KV_INPUT_PREFIX, KV_KINDS, POSITION, TEXT_NOISE,
+                                       TEXT_TEMPERATURE, TEXT_TOKEN, TEXT_TOP_K, TOKENS, kv_input,
+                                       kv_output)
 from personaplex_edge.manifest import GraphEntry, TensorSpec
 from personaplex_edge.gumbel import gumbel_noise
 from personaplex_edge.streams import NUM_STREAMS
@@ -243,6 +244,15 @@ def depformer_inputs(cfg: PersonaPlexConfig, batch: int, k_max: int) -> list[Ten
             TensorSpec(AUDIO_NOISE, (batch, steps, k_max), "float32"),
             TensorSpec(AUDIO_TEMPERATURE, (batch,), "float32"),
             TensorSpec(AUDIO_TOP_K, (batch,), "int64")]
+
+
+def trace_inputs(specs: list[TensorSpec], cfg: PersonaPlexConfig,
+                 ) -> list[tuple[TensorSpec, torch.Tensor]]:
+    """What a graph is traced on: example_inputs, but each KV ring a zero expanded to its shape
+    (no memory: a trace records shapes, not values; the 7B's ring is 3.1 GB of float32)."""
+    examples = example_inputs([s for s in specs if not s.name.startswith(KV_INPUT_PREFIX)], cfg)
+    return [(s, torch.from_numpy(examples[s.name]) if s.name in examples
+             else torch.zeros((), dtype=torch.float32).expand(s.shape)) for s in specs]
 
 
 def example_inputs(specs: list[TensorSpec], cfg: PersonaPlexConfig, seed: int = 0,
@@ -457,7 +467,6 @@ def _export_graph(job, header: SafetensorsHeader, out_dir: Path, cfg: PersonaPle
     from .precision import planned_entry
 
     name, owner, fn, specs, outputs, plans, streamed = job
-    examples = example_inputs(specs, cfg)
     path = out_dir / f"{name}.onnx"
     sources = checkpoint_sources(plans, header)
     rings = _ring_names(name, cfg)
@@ -484,8 +493,8 @@ def _export_graph(job, header: SafetensorsHeader, out_dir: Path, cfg: PersonaPle
     def traced(*args):
         return fn(*args[:-1]), {}  # no StateSpec state
 
-    entry = export_step(owner, traced, [(s, torch.from_numpy(examples[s.name])) for s in specs],
-                        outputs, [], path, weights=weights,
+    entry = export_step(owner, traced, trace_inputs(specs, cfg), outputs, [], path,
+                        weights=weights,
                         dynamic_axes=frames_axes(cfg) if name == HELIUM_STEP else None)
     entry.check = kept.get("check")
     entry = entry.split_rings()
@@ -602,9 +611,8 @@ def _check_only(job, header: SafetensorsHeader, out_dir: Path, cfg: PersonaPlexC
     weightless into `out_dir`, run fed from memory beside its torch module."""
 
     name, owner, fn, specs, outputs, plans, streamed = job
-    examples = example_inputs(specs, cfg)
     path = out_dir / f"{name}.onnx"
-    trace_step(owner, lambda *args: (fn(*args[:-1]), {}),
-               [(s, torch.from_numpy(examples[s.name])) for s in specs], outputs, [], path,
-               weightless=True, dynamic_axes=frames_axes(cfg) if name == HELIUM_STEP else None)
+    trace_step(owner, lambda *args: (fn(*args[:-1]), {}), trace_inputs(specs, cfg), outputs, [],
+               path, weightless=True,
+               dynamic_axes=frames_axes(cfg) if name == HELIUM_STEP else None)
     return check_lm_graph(path, job, header, cfg, weights=made(checkpoint_sources(plans, header)))
