@@ -1,7 +1,7 @@
 """The 7B at its real size through the product, as a user with the real checkpoint runs it.
 
     python benchmarks/rehearsal.py [--work DIR] [--frames 20] [--threads N] [--json out.json]
-                                   [--no-gpu-recipe] [--keep]
+                                   [--no-gpu-recipe] [--keep] [--baseline REV] [--layers N]
 
 Steps, each in a process of its own (its peak resident size is its own VmHWM):
 
@@ -15,6 +15,8 @@ Steps, each in a process of its own (its peak resident size is its own VmHWM):
   run          run with the default persona on the bundled 6 s speech sample
   export gpu   export --precision fp16 --backend tensorrt --no-engines (the GPU recipe, graphs
                only: the engines are built on the GPU)
+  baseline     with --baseline REV: export cpu again with the project at git revision REV
+               (installed under --work), side by side (its float32 scratch needs ~31 GB more)
 
 Reported: each step's wall time and peak RSS; each export's peak disk (everything under --work
 but the checkpoint, polled twice a second) beside the model it leaves, so the scratch is the
@@ -51,6 +53,11 @@ _CHILD = r"""
 import contextlib, io, json, os, sys, time
 os.environ.setdefault("NO_TORCH_COMPILE", "1")
 report, argv = sys.argv[1], sys.argv[2:]
+baseline = os.environ.get("REHEARSAL_BASELINE")
+if baseline:  # an earlier version's copy instead of this checkout (installed editable)
+    sys.meta_path[:] = [f for f in sys.meta_path
+                        if "__editable__" not in (getattr(f, "__module__", "") or "")]
+    sys.path.insert(0, baseline)
 t0 = time.perf_counter()
 out = io.StringIO()
 class Tee(io.TextIOBase):  # the step's output shown as it comes, and kept
@@ -80,10 +87,10 @@ def load() -> str:
     return "load %.2f %.2f %.2f" % os.getloadavg()
 
 
-def tree_bytes(root: Path, skip: Path | None = None) -> int:
+def tree_bytes(root: Path, skip: set[Path] = frozenset()) -> int:
     total = 0
     for dirpath, dirnames, filenames in os.walk(root):
-        if skip is not None and Path(dirpath) == skip:
+        if Path(dirpath) in skip:
             dirnames.clear()
             continue
         for name in filenames:
@@ -97,7 +104,7 @@ def tree_bytes(root: Path, skip: Path | None = None) -> int:
 class DiskPeak:
     """The most bytes under `root` (but `skip`) seen while it runs, polled twice a second."""
 
-    def __init__(self, root: Path, skip: Path):
+    def __init__(self, root: Path, skip: set[Path]):
         self.root, self.skip, self.peak = root, skip, 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
@@ -116,11 +123,14 @@ class DiskPeak:
         self.peak = max(self.peak, tree_bytes(self.root, self.skip))
 
 
-def step(name: str, argv: list[str], work: Path, disk: DiskPeak | None = None) -> dict:
-    """Runs one step in its own process; its report (rc, seconds, peak_rss, stdout)."""
+def step(name: str, argv: list[str], work: Path, disk: DiskPeak | None = None,
+         baseline: Path | None = None) -> dict:
+    """Runs one step in its own process (with the `baseline` copy's code where given); its
+    report (rc, seconds, peak_rss, stdout)."""
     report = work / f".{name.replace(' ', '_')}.json"
     print(f"\n== {name}: {' '.join(argv)}  ({load()})", flush=True)
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(report), *argv])
+    env = {**os.environ, **({"REHEARSAL_BASELINE": str(baseline)} if baseline else {})}
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(report), *argv], env=env)
     if not report.is_file():
         raise SystemExit(f"{name} failed (exit {proc.returncode}): see above")
     result = json.loads(report.read_text())
@@ -136,10 +146,12 @@ def step(name: str, argv: list[str], work: Path, disk: DiskPeak | None = None) -
     return result
 
 
-def export(name: str, ckpt: Path, out: Path, work: Path, flags: list[str]) -> dict:
-    with DiskPeak(work, skip=ckpt) as disk:
+def export(name: str, ckpt: Path, out: Path, work: Path, flags: list[str],
+           baseline: Path | None = None) -> dict:
+    skip = {ckpt, baseline.parent} if baseline else {ckpt}
+    with DiskPeak(work, skip=skip) as disk:
         result = step(name, ["export", "--checkpoint", str(ckpt), "--out", str(out), *flags],
-                      work, disk)
+                      work, disk, baseline)
     result["model_bytes"] = tree_bytes(out)
     result["scratch_bytes"] = result["peak_disk"] - result["model_bytes"]
     print(f"   model {result['model_bytes'] / GB:.2f} GB; beyond it at the peak "
@@ -179,6 +191,21 @@ def run(model: Path, work: Path) -> dict:
     return result
 
 
+def install_baseline(rev: str, work: Path) -> Path:
+    """The project at git revision `rev` (of this checkout's repository), installed into
+    `work` for the child processes to import instead of this checkout."""
+    repo = Path(__file__).resolve().parent.parent
+    src, target = work / "baseline" / "src", work / "baseline" / "package"
+    shutil.rmtree(work / "baseline", ignore_errors=True)
+    src.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(repo), "archive", rev], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                    "--no-build-isolation", "--target", str(target), str(src)], check=True)
+    return target
+
+
 def frame_bytes(model: Path) -> dict:
     from frame_bytes import model_bytes_per_frame
 
@@ -199,6 +226,9 @@ def main() -> None:
                     help="threads of the bandwidth measurement (the runtime uses its default)")
     ap.add_argument("--no-gpu-recipe", action="store_true", help="skip the fp16 export")
     ap.add_argument("--keep", action="store_true", help="keep the checkpoint for a rerun")
+    ap.add_argument("--baseline", metavar="REV",
+                    help="also export the CPU recipe with the project at this git revision "
+                         "(e.g. the commit before a change), side by side")
     ap.add_argument("--json")
     args = ap.parse_args()
     from frame_bytes import copy_bandwidth
@@ -222,6 +252,13 @@ def main() -> None:
         results["bench_full_ring"] = bench(cpu, work, args.frames, 3000)
         results["run"] = run(cpu, work)
         shutil.rmtree(cpu)
+        if args.baseline:
+            package = install_baseline(args.baseline, work)
+            results["export_cpu_baseline"] = export(
+                f"export cpu ({args.baseline})", ckpt, cpu, work,
+                ["--precision", "int4", "--depformer-precision", "int8"], baseline=package)
+            results["baseline"] = args.baseline
+            shutil.rmtree(cpu)
         results["bandwidth"] = {"copy": copy_bandwidth(args.threads)}
         if not args.no_gpu_recipe:
             results["export_gpu"] = export("export gpu", ckpt, gpu, work,
@@ -229,7 +266,7 @@ def main() -> None:
                                             "--no-engines"])
             shutil.rmtree(gpu)
     finally:
-        for out in (cpu, gpu):
+        for out in (cpu, gpu, work / "baseline"):
             shutil.rmtree(out, ignore_errors=True)
         if not args.keep:
             shutil.rmtree(ckpt, ignore_errors=True)
@@ -245,13 +282,14 @@ def report(r: dict) -> None:
           f"{r['checkpoint_bytes'] / GB:.2f} GB")
     print("| step | s | peak RSS GB | peak disk GB | model GB | beyond the model GB |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for key in ("checkpoint", "export_cpu", "export_gpu", "run"):
+    for key in ("checkpoint", "export_cpu", "export_cpu_baseline", "export_gpu", "run"):
         if key not in r:
             continue
         s = r[key]
+        label = f"{key} ({r['baseline']})" if key == "export_cpu_baseline" else key
         disk = (f"{s['peak_disk'] / GB:.2f} | {s['model_bytes'] / GB:.2f} | "
                 f"{s['scratch_bytes'] / GB:.2f}" if "peak_disk" in s else " | | ")
-        print(f"| {key} | {s['seconds']:.0f} | {s['peak_rss'] / GB:.2f} | {disk} |")
+        print(f"| {label} | {s['seconds']:.0f} | {s['peak_rss'] / GB:.2f} | {disk} |")
     print(f"\nbytes read per frame: Helium {b['helium'] / GB:.2f} GB, depformer "
           f"{b['depformer'] / GB:.2f} GB, KV ring {b['kv'] / GB:.2f} GB: {lm / GB:.2f} GB")
     print(f"copy bandwidth (numpy, read + write counted, {r['cpus']} threads): "

@@ -127,17 +127,20 @@ def convert_precision(model_dir: str | Path, manifest: Manifest, precision: str,
 def convert_model_dir(src: str | Path, dst: str | Path, precision: str,
                       backend: str = "onnx", kv_dtype: str | None = None,
                       block_size: int | None = None, progress: Progress = print,
-                      depformer_precision: str | None = None) -> Manifest:
+                      depformer_precision: str | None = None,
+                      plans: dict[str, PrecisionPlan] | None = None) -> Manifest:
     """A `precision` copy of the float32 model directory `src` in `dst` (written atomically;
     `src` is left as it is): the codec, tokenizer and voices copied, the LM graphs converted.
     A library tool for tests and benchmarks: unlike the export it does not refuse what a
-    backend's runtime cannot run (precision_plan.refusals), so a graph can be inspected."""
+    backend's runtime cannot run (precision_plan.refusals), so a graph can be inspected.
+    `plans` (graph name -> PrecisionPlan) replaces the plans the other arguments make, for a
+    layout no flag asks for (a MatMulNBits accuracy level, a block size per graph)."""
     from personaplex_edge.atomic import staged_dir
     from personaplex_edge.manifest import load_model_dir, write_manifest
 
     src, dst = Path(src), Path(dst)
     manifest = dataclasses.replace(load_model_dir(src), backend=backend)
-    plans = lm_plans(precision, backend, kv_dtype, block_size, depformer_precision)
+    plans = plans or lm_plans(precision, backend, kv_dtype, block_size, depformer_precision)
     with staged_dir(dst) as stage:
         for name, entry in manifest.graphs.items():
             if name not in plans or not rewrites(plans[name]):
