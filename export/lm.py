@@ -375,6 +375,21 @@ def streamed_weights(module: nn.Module, plans: dict[str, WeightPlan], header: Sa
         drop(list(plans))
 
 
+@contextmanager
+def shared_weights(module: nn.Module, arrays: dict[str, np.ndarray]) -> Iterator[None]:
+    """The arrays a traced graph is fed (`owner.<parameter name>` -> float32) as a placeholder
+    module's parameters for the duration of a call, shared, not copied; placeholders are back
+    afterwards."""
+    placeholders = dict(module.named_parameters())
+    try:
+        for n in placeholders:
+            _set_parameter(module, n, torch.from_numpy(arrays[f"owner.{n}"]))
+        yield
+    finally:
+        for n, p in placeholders.items():
+            _set_parameter(module, n, p)
+
+
 def _streamed_parts(cfg: PersonaPlexConfig) -> tuple[list[str], list[str]]:
     """Submodules the check loads only while they run: each Helium layer and the text head;
     each depformer step's own projections and MLP (every one runs once per frame). Embedding
@@ -506,15 +521,19 @@ def _export_graph(job, header: SafetensorsHeader, out_dir: Path, cfg: PersonaPle
 def check_lm_graph(path: Path, job, header: SafetensorsHeader, cfg: PersonaPlexConfig,
                    atol: float | None = 1e-4,
                    weights: dict[str, np.ndarray] | None = None) -> dict:
-    """The export's check of an LM graph written at `path` (or traced there without its
-    weights, which `weights` then feeds: onnx_export.verify_step): run in onnxruntime beside
-    the torch module of `job` (lm_jobs) with the checkpoint's weights streamed in, live (1
-    frame) and as a prefill (3 frames), on the seeded example inputs. Returns the record of what it measured
-    (GraphEntry.check); raises ExportMismatch beyond `atol`."""
+    """The check of an LM graph against the torch module of `job` (lm_jobs): run in
+    onnxruntime beside it, live (1 frame) and as a prefill (3 frames), on the seeded example
+    inputs. A graph written at `path` with its weights runs beside the module with the
+    checkpoint's weights streamed in through torch's own conversion (verify --checkpoint); a
+    graph traced there without its weights runs on `weights` (onnx_export.verify_step), which
+    the module then shares (no second copy: the export's spot check ties the written weights
+    to torch's conversion). Returns the record of what it measured (GraphEntry.check); raises
+    ExportMismatch beyond `atol`."""
     name, owner, fn, specs, outputs, plans, streamed = job
 
     def checked(*args):
-        with streamed_weights(owner, plans, header, streamed):
+        with (shared_weights(owner, weights) if weights is not None
+              else streamed_weights(owner, plans, header, streamed)):
             return fn(*args[:-1]), {}
 
     measured: dict[str, float] = {}
@@ -550,10 +569,9 @@ def export_lm_graphs_frugal(cfg: PersonaPlexConfig, checkpoint_path: str | Path,
 
     The check (`verify`) of each graph, before anything is returned:
       "full" (or True)  the float32 graph runs once in onnxruntime beside the torch modules on
-                        the real weights, fed from memory (Helium's layers and the depformer's
-                        steps loaded one at a time on the torch side; peak memory: about one
-                        float32 copy of the graph, plus a layer, the embedding tables and the
-                        example KV ring), then every written weight is spot-checked
+                        the real weights, fed from memory and shared with torch (peak memory:
+                        one float32 copy of the graph and the example KV ring), then every
+                        written weight is spot-checked
       "reduced"         for a graph too large to run in this machine's memory: a one-layer
                         probe of the same graph (every kind of weight, at full width) is checked
                         the same way, and every written weight is spot-checked

@@ -11,8 +11,8 @@ No float32 copy is written first: an int4 7B needs the disk of its 5.5 GB, not 3
 Two checks tie what is written to the checkpoint (lm.export_lm_graphs_frugal runs them):
 
     in memory   the float32 graph runs in onnxruntime with its weights fed as inputs, made
-                from the checkpoint (nothing written), beside the torch module: what the
-                graph computes (lm.check_lm_graph)
+                from the checkpoint (nothing written), beside the torch module on the same
+                arrays: what the graph computes (lm.check_lm_graph)
     spot check  three output channels (first, middle, last) of every written weight, made again
                 from the checkpoint through torch's bf16 conversion (not the numpy one that
                 wrote them) and the same precision passes, against the bytes in the data file:
