@@ -110,8 +110,9 @@ def run_bench(model: Model, frames: int = 200, warmup: int = 10, streams: int = 
     `clean = stage(frame)`, then `stage.played(answer)`). `position` starts each conversation
     that many frames in, after its persona, without stepping there (TokenRing.jump): from the
     context on (`model.context`, 3000 frames = 4 minutes) every KV ring slot is held, the steady
-    state of any conversation longer than that. The slots the persona did not write hold what
-    they held (zeros): a step's cost does not depend on the values it attends to."""
+    state of any conversation longer than that. The slots the persona does not write hold
+    zeros, written (BoundGraph.fill_rings) so that the ring is in memory as a long
+    conversation's is; a step's cost does not depend on the values it attends to."""
     if streams < 1:
         raise PersonaPlexError("--streams must be at least 1")
     if pcm is None:
@@ -125,6 +126,9 @@ def run_bench(model: Model, frames: int = 200, warmup: int = 10, streams: int = 
     for k in range(streams):
         seed = None if sampling.seed is None else sampling.seed + k
         conv = model.open_conversation(dataclasses.replace(sampling, seed=seed), persona)
+        if position is not None:
+            with conv.group.lock:
+                conv.group.helium.fill_rings([conv.row])
         conv.prefill()
         if position is not None:
             if position < conv.position:

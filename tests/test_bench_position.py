@@ -71,3 +71,19 @@ def test_bench_at_a_position_steps_there(demo_model_dir, tmp_path, monkeypatch, 
     assert main(["bench", "--model", str(demo_model_dir), "--frames", "1", "--position", "3",
                  "--device", "cpu", "--aec", "off"]) == 2
     assert "is inside the persona's" in capsys.readouterr().err
+
+
+def test_fill_rings_writes_every_slot_of_the_rows_only(batch_model_dir):
+    """bench --position's stand-in history: every slot of the asked rows, nothing else."""
+    from personaplex_edge.manifest import load_model_dir
+    from personaplex_edge.runtime.backends import load_graphs
+
+    manifest = load_model_dir(batch_model_dir)
+    graph = load_graphs(batch_model_dir, manifest, ["helium_step"], "cpu", 1)["helium_step"]
+    helium = graph.bind()
+    helium.fill_rings([1], 1.5)
+    state = helium.state()
+    rings = [r.input_name for r in manifest.graphs["helium_step"].rings]
+    assert rings and all((state[n][1] == 1.5).all() for n in rings)
+    assert all((state[n][[0, 2]] == 0.0).all() for n in rings)
+    helium.close()
