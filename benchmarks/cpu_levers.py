@@ -37,7 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 DEFAULT = ("int4+int8,int4+int8/b64,int4+int8/b128,int4+int8/acc1,int4+int8/kv16,"
-           "int4+int4,int4+int4/b128")
+           "int4+int8/b128/kv16,int4+int4,int4+int4/b128")
 # GB/s: a laptop with dual-channel LPDDR5X-7500 (120 GB/s); an AGX Orin's whole LPDDR5
 # (204.8 GB/s, shared with its GPU; its CPU cluster alone reaches less, unmeasured here)
 PAPER = {"laptop 120 GB/s": 120.0, "AGX Orin 204.8 GB/s": 204.8}
