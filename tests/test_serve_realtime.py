@@ -2,8 +2,8 @@
 here wrote: the official `openai` SDK's GA and beta clients (every event they receive checked
 against the SDK's own event types), and vllm-omni's PersonaPlex acceptance re-implemented on the
 `websockets` library it uses. Greedy answers - audio and transcript - equal `run --greedy` on
-the same PCM16; bad events are answered and the session goes on; the Origin and token checks
-guard both WebSocket routes. (pipecat: test_serve_pipecat.py; Ctrl-C: test_serve_cli.py.)"""
+the same PCM16; bad events are answered and the session goes on; the Host, Origin and token
+checks guard both WebSocket routes. (pipecat: test_serve_pipecat.py; Ctrl-C: test_serve_cli.py.)"""
 
 from __future__ import annotations
 
@@ -540,6 +540,56 @@ def test_origins_and_the_token_on_both_websocket_routes(demo_model, demo_model_d
                       model=demo_model) as srv:
         r = asyncio.run(talk_realtime(srv.url, speech(0.4), session={}, tail_s=0.5,
                                       headers={"Origin": "http://anywhere.example"}))
+    assert r.status is None and r.handshake_s is not None and r.answer_samples > 0
+
+
+def test_dns_rebinding_is_refused_on_the_page_and_both_websocket_routes(demo_model,
+                                                                        demo_model_dir, caplog):
+    """A page on a name re-pointed at 127.0.0.1 sends its own name as Host and a matching
+    Origin, which the own-origin rule alone would admit: the page, the voices and every
+    WebSocket route answer 403 with one log line each and a count in /metrics, the token
+    notwithstanding; the probes still answer. A balancer's name given in allowed_hosts (or
+    `*`) is admitted, Origin and all."""
+    caplog.set_level(logging.INFO, logger="personaplex_edge.serve")
+    token = {"Authorization": "Bearer s3cret"}
+    rebound = {"Host": "evil.example:8998", "Origin": "http://evil.example:8998", **token}
+    balancer = {"Host": "voice.example", "Origin": "https://voice.example", **token}
+    routes = ("", "static/app.js", "api/voices", "api/chat", "v1/realtime", "v1/duplex")
+
+    async def status(url, path, headers):
+        async with aiohttp.ClientSession() as http:
+            if path in ("api/chat", "v1/realtime", "v1/duplex"):
+                try:
+                    ws = await http.ws_connect(url + path, headers=headers)
+                except aiohttp.WSServerHandshakeError as e:
+                    return e.status
+                await ws.close()
+                return 101
+            async with http.get(url + path, headers=headers) as r:
+                return r.status
+
+    async def statuses(url, headers):
+        return [await status(url, path, headers) for path in routes + ("api/health",
+                                                                        "metrics")]
+
+    with ServerThread(ServeOptions(demo_model_dir, port=0, auth_token="s3cret",
+                                   allowed_hosts=("voice.example",)), model=demo_model) as srv:
+        refused = asyncio.run(statuses(srv.url, rebound))
+        admitted = asyncio.run(statuses(srv.url, balancer))
+        own = asyncio.run(statuses(srv.url, {"Origin": srv.url.rstrip("/"), **token}))
+        metrics = srv.state.stats.text().decode()
+    assert refused == [403] * len(routes) + [200, 200]
+    assert admitted == own == [200, 200, 200, 101, 101, 101, 200, 200]
+    logged = [r.getMessage().split()[2] for r in caplog.records
+              if "host evil.example is not allowed" in r.getMessage()]
+    assert sorted(logged) == sorted(f"/{p}:" for p in routes)
+    assert f'personaplex_sessions_refused_total{{reason="host"}} {len(routes)}.0' in metrics
+
+    with ServerThread(ServeOptions(demo_model_dir, port=0, allowed_hosts=("*",)),
+                      model=demo_model) as srv:
+        r = asyncio.run(talk_realtime(srv.url, speech(0.4), session={}, tail_s=0.5,
+                                      headers={"Host": "anything.example",
+                                               "Origin": "http://anything.example"}))
     assert r.status is None and r.handshake_s is not None and r.answer_samples > 0
 
 
