@@ -4,6 +4,7 @@ format's PCM and session fields."""
 
 from __future__ import annotations
 
+import json
 import socket
 
 import numpy as np
@@ -333,3 +334,22 @@ def test_the_beta_vocabulary_is_asked_for_by_its_header():
     assert rt.beta_requested("realtime=v1")
     assert rt.beta_requested("assistants=v2, Realtime=v1")
     assert not rt.beta_requested(None) and not rt.beta_requested("realtime=v2")
+
+
+def test_response_done_counts_what_the_response_heard_and_said_in_both_vocabularies():
+    """usage is the response's own figures - 8 Mimi codes a frame heard, 8 spoken (100 audio
+    tokens a second each way), one text token a piece sent - valid for the SDK's
+    response.done of either vocabulary."""
+    ga = pytest.importorskip("openai.types.realtime")
+    beta_types = pytest.importorskip("openai.types.beta.realtime")
+    r = rt.Response(transcript=[" Hello", ",", " there"], frames=25)  # 2 s of answer
+    for beta, event_type in ((False, ga.ResponseDoneEvent),
+                             (True, beta_types.ResponseDoneEvent)):
+        done = event_type.model_validate(json.loads(
+            rt.ServerEvents(beta=beta).response_closed(r, "completed", None)[-1]))
+        usage = done.response.usage
+        assert usage.input_tokens == usage.input_token_details.audio_tokens == 200
+        assert usage.output_token_details.audio_tokens == 200
+        assert usage.output_token_details.text_tokens == 3 and usage.output_tokens == 203
+        assert usage.total_tokens == 403 and usage.input_token_details.text_tokens == 0
+    assert rt.Response().usage()["total_tokens"] == 0  # a response cancelled at once

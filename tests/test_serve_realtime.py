@@ -366,7 +366,8 @@ def test_bad_events_get_one_error_each_and_the_session_goes_on(greedy_server):
 def test_turn_events_are_taken_and_cancel_ends_the_response(greedy_server):
     """commit, clear, conversation.item.*, output_audio_buffer.clear and response.create while
     a response is open change nothing and raise no error; response.cancel ends the response
-    with its done events (status cancelled, the item incomplete, usage present); the model's
+    with its done events (status cancelled, the item incomplete, usage counting its frames and
+    text pieces); the model's
     next word opens a new response; a session.update once the conversation runs is echoed
     with the session unchanged."""
     pcm = speech(4.0)
@@ -446,11 +447,21 @@ def test_turn_events_are_taken_and_cancel_ends_the_response(greedy_server):
     done = events[done_at]["response"]
     assert done["id"] == created[0] and done["status"] == "cancelled"
     assert done["status_details"] == {"type": "cancelled", "reason": "client_cancelled"}
-    assert done["output"][0]["status"] == "incomplete" and "usage" in done
-    transcript = "".join(e["delta"] for e in events
-                         if e["type"] == "response.output_audio_transcript.delta"
-                         and e["response_id"] == created[0])
-    assert done["output"][0]["content"][0]["transcript"] == transcript
+    assert done["output"][0]["status"] == "incomplete"
+    pieces = [e["delta"] for e in events
+              if e["type"] == "response.output_audio_transcript.delta"
+              and e["response_id"] == created[0]]
+    assert done["output"][0]["content"][0]["transcript"] == "".join(pieces)
+    # usage: what this response heard and said, in the model's tokens (8 Mimi codes a frame
+    # each way), in the SDK's own type
+    from openai.types.realtime import RealtimeResponseUsage
+
+    usage = RealtimeResponseUsage.model_validate(done["usage"])
+    assert usage.input_token_details.audio_tokens == 24 * 8 == usage.input_tokens
+    assert usage.output_token_details.audio_tokens == 24 * 8
+    assert usage.output_token_details.text_tokens == len(pieces) > 0
+    assert usage.output_tokens == 24 * 8 + len(pieces)
+    assert usage.total_tokens == usage.input_tokens + usage.output_tokens
     # after the cancel: quiet until a frame with a word, which opens the second response
     assert len(created) == 2 and created[1] != created[0]
     after = [e for e in events[done_at:] if e.get("response_id") == created[1]]

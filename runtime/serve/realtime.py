@@ -81,6 +81,7 @@ class RealtimeSession(Session):
         if piece:
             self.response.transcript.append(piece)
             self.send(self.events.transcript_delta(self.response, piece))
+        self.response.frames += 1
         self.send(self.events.audio_delta(self.response, pcm16_bytes(pcm)))
 
     def want_response(self) -> None:
