@@ -363,13 +363,45 @@ def test_bad_events_get_one_error_each_and_the_session_goes_on(greedy_server):
     assert len(heard) == 12  # 1 s of audio, answered after all that
 
 
+def test_updates_before_the_persona_merge_and_openai_voices_get_the_default(greedy_server,
+                                                                            caplog):
+    """session.update events sent before any audio merge into one persona (a voice in one,
+    instructions in the next, as LiveKit's AgentSession sends them); a voice the bank lacks is
+    an error, unless it is one of OpenAI's (a framework's default): the bank's default voice
+    then speaks, one warning says so and session.updated names it."""
+    caplog.set_level(logging.INFO, logger="personaplex_edge.serve")
+
+    def update(**session):
+        return {"type": "session.update", "session": session}
+
+    merged = asyncio.run(raw_session(greedy_server.url, [
+        update(audio={"output": {"voice": "NATM1"}}), update(voice="NATF9"),
+        update(instructions="Be brief.")], pcm=speech(0.5)))
+    openai_voice = asyncio.run(raw_session(greedy_server.url, [
+        update(instructions="Be brief.", audio={"output": {"voice": "Marin"}})],
+        pcm=speech(0.5)))
+    # raw_session ends its updates with an empty one; each valid update is answered
+    for events, voice, valid, errors in ((merged, "NATM1", 3, 1), (openai_voice, "NATF2", 2, 0)):
+        updated = [e["session"] for e in events if e["type"] == "session.updated"]
+        assert len(updated) == valid and {
+            (u["audio"]["output"]["voice"], u["instructions"]) for u in updated} == {
+            (voice, "Be brief.")}
+        assert any(e["type"] == "response.output_audio.delta" for e in events)
+        assert len([e for e in events if e["type"] == "error"]) == errors
+    error = next(e["error"] for e in merged if e["type"] == "error")
+    assert error["param"] == "session.voice" and "no voice 'NATF9'" in error["message"]
+    opened = [r.getMessage() for r in caplog.records if ": open, persona " in r.getMessage()]
+    assert "persona NATM1 " in opened[-2] and "persona default " in opened[-1]
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING
+                and "voice 'Marin' is OpenAI's" in r.getMessage()]) == 1
+
+
 def test_turn_events_are_taken_and_cancel_ends_the_response(greedy_server):
     """commit, clear, conversation.item.*, output_audio_buffer.clear and response.create while
     a response is open change nothing and raise no error; response.cancel ends the response
     with its done events (status cancelled, the item incomplete, usage counting its frames and
-    text pieces); the model's
-    next word opens a new response; a session.update once the conversation runs is echoed
-    with the session unchanged."""
+    text pieces); the model's next word opens a new response; a session.update once the
+    conversation runs is echoed with the session unchanged."""
     pcm = speech(4.0)
 
     async def scene():
