@@ -19,6 +19,7 @@ import json
 import sys
 
 import aiohttp
+from client_wait import until_quiet
 from livekit import rtc
 from livekit.plugins import openai
 
@@ -79,12 +80,7 @@ async def main(base_url: str, speech: bytes, seconds: float, voice: str) -> dict
             at = (i * step) % (len(speech) - step + 1)
             session.push_audio(rtc.AudioFrame(speech[at:at + step], RATE, 1, FRAME_SAMPLES))
             await asyncio.sleep(max(0.0, t0 + (i + 1) * 0.02 - loop.time()))
-        # the last answers: until none has come for half a second
-        heard, since, end = -1, loop.time(), loop.time() + 10
-        while loop.time() - since < 0.5 and loop.time() < end:
-            if seen["audio_frames"] != heard:
-                heard, since = seen["audio_frames"], loop.time()
-            await asyncio.sleep(0.05)
+        await until_quiet(lambda: seen["audio_frames"])  # the last answers
         await session.aclose()
         for task in readers:
             task.cancel()

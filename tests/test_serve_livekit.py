@@ -7,8 +7,7 @@ bank voice and no turn detection, and with LiveKit's defaults (OpenAI's voice `m
 turn detection), where the bank's default voice speaks and session.updated names it.
 
 livekit-agents and its dependencies do not belong in this project's environment: the test
-builds a venv of its own once, under .venvs/livekit (git-ignored), and reuses it. Where pip
-cannot install it (no index reachable) the test is skipped, saying why."""
+builds a venv of its own once, under .venvs/livekit (tests/side_venv.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ import json
 import logging
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,31 +23,16 @@ pytest.importorskip("aiohttp")
 pytest.importorskip("sphn")
 
 from bench_serve import FRAME, ServerThread, speech  # noqa: E402
+from side_venv import side_venv  # noqa: E402
 
 from personaplex_edge.audio import pcm16_bytes as pcm16  # noqa: E402
 from personaplex_edge.runtime.persona import DEFAULT_VOICE  # noqa: E402
 from personaplex_edge.runtime.serve import ServeOptions  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-VENV = ROOT / ".venvs" / "livekit"
 # the versions this test was written against
 LIVEKIT = ("livekit-agents==1.8.9", "livekit-plugins-openai==1.8.9")
 CLIENT = Path(__file__).resolve().parent / "livekit_client.py"
 INSTRUCTIONS = "You enjoy having a good conversation."  # what the client sets
-
-
-def livekit_python() -> Path:
-    """The venv's python, the venv built first if it is missing or holds other versions."""
-    python, stamp = VENV / "bin" / "python", VENV / "installed.txt"
-    if python.is_file() and stamp.is_file() and stamp.read_text() == " ".join(LIVEKIT):
-        return python
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
-    pip = subprocess.run([str(python), "-m", "pip", "install", "-q", *LIVEKIT],
-                         capture_output=True, text=True, timeout=900)
-    if pip.returncode != 0:
-        pytest.skip(f"pip cannot install {' '.join(LIVEKIT)} here: {pip.stderr.strip()[-300:]}")
-    stamp.write_text(" ".join(LIVEKIT))
-    return python
 
 
 def converse(python: Path, url: str, audio: Path, seconds: float, voice: str) -> dict:
@@ -64,7 +47,7 @@ def converse(python: Path, url: str, audio: Path, seconds: float, voice: str) ->
 
 @pytest.fixture(scope="module")
 def livekit(demo_model_dir):
-    return livekit_python()
+    return side_venv("livekit", LIVEKIT)
 
 
 @pytest.mark.parametrize("voice", ["NATM1", "-"], ids=["bank voice", "livekit defaults"])
