@@ -670,13 +670,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """A command line as a user types it (SystemExit, with the usage, where it is wrong)."""
+    argv = list(argv)
     # the reference's habit: `--mic` instead of a subcommand (`aec --mic FILE` is an option)
     if "--mic" in argv and argv[0] != "aec":
         argv.remove("--mic")
         argv.insert(0, "mic")
-    args = build_parser().parse_args(argv)
+    return build_parser().parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         return args.func(args)
     except PersonaPlexError as e:

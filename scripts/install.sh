@@ -48,7 +48,8 @@ else
     python -m pip install -q "$TORCH"
 fi
 # The runtime with onnxruntime for the CPU (the `cpu` extra: never beside onnxruntime-gpu),
-# the export, the tests, the sound devices and the server.
+# the export, the tests (and mkdocs-material, which builds the manual under docs/), the sound
+# devices and the server.
 python -m pip install -q -e ".[cpu,export,dev,audio,serve]"
 # The test reference. It pins torch<2.10, so it goes in without its dependencies (the light
 # ones are in the dev extra).
