@@ -8,15 +8,21 @@ if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     # libsndfile for soundfile (its wheel bundles one; this covers platforms without a wheel);
     # PortAudio for sounddevice; speexdsp for the echo canceller (loaded through ctypes);
     # PulseAudio (a null sink and its monitor) for the live-audio test; chromium (headless, the
-    # serve page's browser test) and openssl (its TLS test's certificate)
+    # serve page's browser test) and openssl (its TLS test's certificate); nginx (the manual's
+    # fleet recipe, run by a test in front of two servers: the binary only, see below)
     missing=""
     for pkg in libsndfile1 libportaudio2 libspeexdsp1 pulseaudio pulseaudio-utils libasound2-plugins \
-               chromium openssl; do
+               chromium openssl nginx; do
         dpkg -s "$pkg" >/dev/null 2>&1 || missing="$missing $pkg"
     done
     if [ -n "$missing" ]; then
         apt-get update -q
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $missing
+        # installed here for the test only: the service Debian starts with it (port 80) is not
+        # wanted (an nginx that was there before is left as it was)
+        case " $missing " in *" nginx "*)
+            if command -v systemctl >/dev/null 2>&1; then systemctl disable --now nginx || true; fi ;;
+        esac
     fi
 fi
 
