@@ -28,7 +28,7 @@ import math
 import re
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from personaplex_edge.errors import PersonaPlexError
 from personaplex_edge.streams import TEXT_EPAD, TEXT_PAD
@@ -113,17 +113,41 @@ def arrival_step(seconds: float, frame_rate: float) -> int:
     return max(0, math.ceil(round(seconds * frame_rate, 9)))
 
 
-def say_schedule(texts: Sequence[str] | None, seconds: Sequence[float] | None,
-                 frame_rate: float) -> list[tuple[int, str]]:
-    """`run --say TEXT --say-at S ...`: the i-th text arrives at the i-th time (0 when it has
-    none) -> [(step, text)] in step order."""
+def timed_says(texts: Sequence[str] | None,
+               seconds: Sequence[float] | None) -> list[tuple[float, str]]:
+    """`run --say TEXT --say-at SECONDS ...` -> (seconds, text) pairs: the i-th time goes with
+    the i-th text, 0 s for a text without one."""
     texts, seconds = list(texts or []), list(seconds or [])
     if len(seconds) > len(texts):
         raise PersonaPlexError(f"{len(seconds)} --say-at for {len(texts)} --say: give each "
                                "--say-at after the --say it times")
-    seconds += [0.0] * (len(texts) - len(seconds))
-    return sorted(((arrival_step(s, frame_rate), t) for s, t in zip(seconds, texts)),
-                  key=lambda st: st[0])
+    return list(zip(seconds + [0.0] * (len(texts) - len(seconds)), texts))
+
+
+def said_line(events: Iterable[SayEvent], first_step: int = 0) -> str:
+    """One line of what was said: each word at its step (counted from `first_step`), and the
+    words never reached."""
+    events = list(events)
+    started = [f"{e.word} @{e.step - first_step}" for e in events if e.kind == "started"]
+    lost = sum(e.kind == "cancelled" for e in events)
+    return ("said: " + (", ".join(started) or "nothing")
+            + (f" ({lost} word(s) not reached)" if lost else ""))
+
+
+class SayPlan:
+    """Texts timed in seconds from step 0 (`run --say TEXT --say-at S`, `respond(say=...)`),
+    each handed out once, at the step it arrives."""
+
+    def __init__(self, says: Iterable[tuple[float, str]], frame_rate: float):
+        self._due = deque(sorted(((arrival_step(s, frame_rate), t) for s, t in says),
+                                 key=lambda st: st[0]))
+
+    def arrivals(self, step: int) -> list[str]:
+        """The texts due at or before `step` not handed out yet, in time order."""
+        out = []
+        while self._due and self._due[0][0] <= step:
+            out.append(self._due.popleft()[1])
+        return out
 
 
 class SayMachine:
