@@ -4,8 +4,9 @@ agent's frame n is heard right after step n + 1; the first step answers silence)
 
 A conversation owns a row of a lockstep batch - Mimi state, KV rings, token ring, sampling noise
 and parameters, the queue of words it is to say (runtime/say.py) - plus its metrics, persona and
-word events; the model's graphs, tokenizer and voice bank it only reads. `close()` gives its row back. This is the token-level conversation the front ends
-step (`step_many` batches many in one tick); an app holds runtime/api.py's, which speaks text.
+word events; the model's graphs, tokenizer and voice bank it only reads. `close()` gives its row
+back. This is the token-level conversation the front ends step (`step_many` batches many in one
+tick); an app holds runtime/api.py's, which speaks text.
 """
 
 from __future__ import annotations
