@@ -41,6 +41,7 @@ class Conversation:
         self.metrics = FrameMetrics()
         self.prefill_seconds = 0.0
         self.persona_cached = False
+        self.prompt_frames = 0  # the persona's frames, once prefilled: step 0 comes after them
         self._closed = False
         # word events: handed to on_say (on the stepping thread, after the step that made
         # them) when it is set, else kept for say_events()
@@ -93,6 +94,7 @@ class Conversation:
             self.group.reset_row(self.row)
             self._collect()
         self.sampling = sampling
+        self.prompt_frames = 0
         self._hand_over()
 
     # -- persona --------------------------------------------------------------------------------
@@ -127,7 +129,8 @@ class Conversation:
         with group.lock:
             group.prefill_last(row, snap.plan())
         self.prefill_seconds = time.perf_counter() - t0
-        return snap.forced + 1
+        self.prompt_frames = snap.forced + 1
+        return self.prompt_frames
 
     # -- say ------------------------------------------------------------------------------------
     def say(self, text: str) -> Utterance:
