@@ -236,3 +236,28 @@ def test_realtime_response_cancel_drops_the_words_not_started(greedy_server, dem
     assert sorted(w for kind, w in kinds if kind == "done") == sorted(started)
     assert _transcript(events) == "".join(pieces) and "friend" not in "".join(pieces)
     assert not _of(events, "error")
+
+
+@pytest.mark.parametrize("mode", ["after", "lines"])
+def test_the_announcer_example_speaks_through_a_running_serve(greedy_server, tmp_path, mode):
+    """examples/announcer.py against a served demo model, silence in, a wav out: a timed
+    announcement, and the tool/LLM pattern (each line of stdin said as it comes), each heard
+    in the model's transcript while the conversation goes on."""
+    import soundfile as sf
+
+    seconds = 5.0 if mode == "after" else 7.0
+    args = [sys.executable, str(ROOT / "examples" / "announcer.py"), "--url", greedy_server.url,
+            "--silence", "--seconds", str(seconds), "--save", str(tmp_path / "out.wav")]
+    lines = ["your tea is ready"] + (["the door is open"] if mode == "lines" else [])
+    if mode == "after":
+        args += ["--after", "0.5", lines[0]]
+    else:
+        args += ["--lines"]
+    done = subprocess.run(args, input="".join(f"{line}\n" for line in lines).encode(),
+                          capture_output=True, timeout=90)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    out = done.stdout.decode()
+    for line in lines:
+        assert f"[to say: {line}]" in out and f" {line}" in out, out
+    audio, rate = sf.read(tmp_path / "out.wav")
+    assert rate == 24000 and audio.shape[0] == round(seconds * 12.5) * FRAME
