@@ -440,3 +440,14 @@ def test_simulated_gpu_say_reads_the_token_back_and_replays_the_frame_otherwise(
     np.testing.assert_array_equal(runs[1][0], runs[0][0])
     steered = sum(runs[1][1])
     assert 10 < steered < 36 and cuda.launches - launches == 36 - steered
+
+
+def test_run_refuses_more_say_times_than_texts(tmp_path, capsys):
+    """One message, exit 2, nothing written, before any model is loaded."""
+    sf.write(tmp_path / "in.wav", np.zeros(4000, np.float32), 24000)
+    rc = main(["run", "--model", str(tmp_path / "no-such-model"), "--input",
+               str(tmp_path / "in.wav"), "--output", str(tmp_path / "out.wav"),
+               "--say", "hello", "--say-at", "1", "--say-at", "2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("error:") == 1 and "2 --say-at for 1 --say" in err
+    assert not (tmp_path / "out.wav").exists()

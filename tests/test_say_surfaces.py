@@ -113,6 +113,20 @@ def test_api_chat_say_message_equals_run_say_at_0(greedy_server, demo_model_dir,
     _word_order(r.said, 0)
 
 
+def test_api_chat_a_bad_say_ends_only_its_session_with_the_reason(greedy_server):
+    import aiohttp
+
+    async def client():
+        async with aiohttp.ClientSession() as http:
+            async with http.ws_connect(greedy_server.url.replace("http", "ws") + "api/chat") as ws:
+                assert (await ws.receive(timeout=30)).data == b"\x00"
+                await ws.send_bytes(bytes([SAY]) + b'{"cancel": "yes"}')
+                return [m.data async for m in ws if m.type == aiohttp.WSMsgType.BINARY]
+
+    got = asyncio.run(asyncio.wait_for(client(), 60))
+    assert got[-1][:1] == bytes([ERROR]) and b'{"say": "text"} or {"cancel": true}' in got[-1]
+
+
 def _connect(url: str):
     return openai.AsyncOpenAI(api_key="any key", base_url=url + "v1").realtime.connect(
         model="personaplex-7b-v1")
