@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -23,31 +22,13 @@ openai = pytest.importorskip("openai")
 from bench_serve import (FRAME, opus_pages, opus_round_trip, reference_run,  # noqa: E402
                          speech, talk)
 from pydantic import TypeAdapter  # noqa: E402
+from test_stdio import _message, _messages, _stdio  # noqa: E402  (stdio's framing)
 
 from personaplex_edge.audio import pcm16_bytes  # noqa: E402
 
 AUDIO, TEXT, ERROR, SAY = 0x01, 0x02, 0x05, 0x08
 WORDS = "hello there friend"
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _message(kind: int, payload: bytes = b"") -> bytes:
-    return struct.pack("<I", len(payload) + 1) + bytes([kind]) + payload
-
-
-def _messages(data: bytes) -> list[tuple[int, bytes]]:
-    out, pos = [], 0
-    while pos < len(data):
-        (length,) = struct.unpack_from("<I", data, pos)
-        out.append((data[pos + 4], data[pos + 5:pos + 4 + length]))
-        pos += 4 + length
-    return out
-
-
-def _stdio(model_dir, stdin: bytes, *flags: str):
-    return subprocess.run([sys.executable, "-m", "personaplex_edge.cli", "stdio", "--model",
-                           str(model_dir), "--device", "cpu", *flags],
-                          input=stdin, capture_output=True, timeout=120)
 
 
 def _say(text: str) -> bytes:
