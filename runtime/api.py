@@ -299,7 +299,8 @@ class Conversation:
     @property
     def on_say(self) -> Callable[[SayEvent], None] | None:
         """A callback for each word event instead of `say_events()`: it runs on the thread
-        that steps, right after the step that made the event (keep it short)."""
+        that steps, right after the step that made the event, or on the one that called
+        `cancel_say()` for its "cancelled" events (keep it short)."""
         return self.core.on_say
 
     @on_say.setter
