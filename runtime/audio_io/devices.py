@@ -84,7 +84,11 @@ def _device_rate(sd, device, kind: str, model_rate: int) -> int:
         return model_rate
     except Exception:
         pass
-    rate = int(sd.query_devices(device, kind)["default_samplerate"])
+    try:
+        rate = int(sd.query_devices(device, kind)["default_samplerate"])
+    except Exception as e:  # PortAudioError: no default device (none at all, or its server gone)
+        raise AudioDeviceError(f"there is no {kind} device to open ({e}); 'personaplex-edge "
+                               "devices' lists them") from None
     if abs(rate * FRAME_SECONDS - round(rate * FRAME_SECONDS)) > 1e-9:
         raise AudioDeviceError(f"the {kind} device runs at {rate} Hz, which has no whole number "
                                "of samples per 80 ms frame; pick another device")
