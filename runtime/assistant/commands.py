@@ -14,25 +14,34 @@ itself. Adding a command is one entry here, e.g. issue 27's spoken text:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
-if TYPE_CHECKING:
-    from .service import Assistant
+from .idle import IdleGate
+
+
+class Assistant(Protocol):
+    """What a command reaches of the service (service.Assistant)."""
+
+    gate: IdleGate
+
+    def status(self) -> dict: ...
+
+    def emit(self, event: dict) -> None: ...
 
 
 @dataclass(frozen=True)
 class Command:
-    run: Callable[["Assistant", dict], dict]
+    run: Callable[[Assistant, dict], dict]
     help: str
 
 
-def _mute(a: "Assistant", muted: bool) -> dict:
+def _mute(a: Assistant, muted: bool) -> dict:
     a.gate.muted = muted
     a.emit({"event": "muted" if muted else "unmuted"})
     return {"muted": muted}
 
 
-def _request(a: "Assistant", what: str) -> dict:
+def _request(a: Assistant, what: str) -> dict:
     a.gate.request(what)
     return {"requested": what}
 
@@ -50,7 +59,7 @@ COMMANDS: dict[str, Command] = {
 }
 
 
-def dispatch(assistant: "Assistant", request: dict) -> dict:
+def dispatch(assistant: Assistant, request: dict) -> dict:
     """A client's request -> its reply (an error names what to send instead)."""
     name = request.get("cmd")
     command = COMMANDS.get(name) if isinstance(name, str) else None
