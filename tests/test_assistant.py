@@ -232,3 +232,14 @@ def test_control_socket_sighup_and_sigterm(service, tmp_path):
     assert service.proc.wait(timeout=30) == 0
     assert "stopped:" in service.log_text() and not service.socket_path.exists()
     assert "Traceback" not in service.log_text()
+
+
+def test_the_docs_name_every_config_key_and_command():
+    from pathlib import Path
+
+    from personaplex_edge.runtime.assistant.commands import COMMANDS
+    from personaplex_edge.runtime.assistant.config import KEYS
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "assistant.md").read_text()
+    assert [k for k in KEYS if f"| `{k}` |" not in doc] == []
+    assert [c for c in COMMANDS if f"| `{c}` |" not in doc] == []
