@@ -1,6 +1,7 @@
 """`personaplex-edge assistant` run as systemd would run it, on a private PulseAudio: a listener
 on NOTIFY_SOCKET, a client on the control socket, the log, each read by a thread of its own and
-kept with the time it arrived. Shared by tests/test_assistant.py and benchmarks/soak_assistant.py."""
+kept with the time it arrived. Shared by tests/test_assistant.py and
+benchmarks/soak_assistant.py."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ def _cli(*args, env=None, timeout=60) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout, env=env)
 
 
-# -- the config ------------------------------------------------------------------------------------
+# -- the config -----------------------------------------------------------------------------------
 def test_the_file_sets_keys_and_flags_override_them(tmp_path):
     path = tmp_path / "a.toml"
     path.write_text('model = "demo"\n[persona]\ntext_prompt = "You sell bread."\nvoice = "NATM1"\n'
@@ -74,7 +74,7 @@ def test_a_bad_flag_is_named_as_the_flag():
     assert done.returncode == 2 and "--sleep-after: expected at least 0" in done.stderr
 
 
-# -- the unit ----------------------------------------------------------------------------------------
+# -- the unit -------------------------------------------------------------------------------------
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None,
                     reason="no systemd-analyze here (apt-get install systemd; scripts/install.sh "
                            "does, so CI runs this test)")
@@ -101,7 +101,7 @@ def test_the_installed_unit_passes_systemd_analyze_verify(tmp_path):
     assert refused.returncode != 0 and "nonexistent" in refused.stderr
 
 
-# -- the voice detector ----------------------------------------------------------------------------
+# -- the voice detector ---------------------------------------------------------------------------
 def test_the_voice_detector_hears_speech_and_not_silence_or_hum():
     import personaplex_edge as pe
     from personaplex_edge.runtime.assistant.vad import VoiceDetector
@@ -122,7 +122,53 @@ def test_the_voice_detector_hears_speech_and_not_silence_or_hum():
     assert rate(hum[24000:]) == 0.0
 
 
-# -- the service ------------------------------------------------------------------------------------
+def test_the_gate_sleeps_steps_nothing_and_wakes_over_its_preroll(demo_model):
+    """The service's step on the demo model, frame by frame: asleep after the idle frames, not
+    one LM tick while asleep (the model's own count), muted speech ignored, and the waking
+    frame steps the four pre-roll frames; a persona set while asleep is made ready at once."""
+    import personaplex_edge as pe
+    from personaplex_edge.runtime.assistant.idle import IdleGate, IdlePolicy
+    from personaplex_edge.runtime.bench import bundled_speech
+    from personaplex_edge.runtime.persona import Persona
+
+    speech = pe.read_audio(bundled_speech())
+    events = []
+    conv = demo_model.open_conversation()
+    conv.prefill()
+    gate = IdleGate(conv, demo_model.text, IdlePolicy(sleep_after_frames=10, preroll_frames=4),
+                    events.append)
+    ticks = lambda: conv.group.metrics.frames  # noqa: E731
+    silence = np.zeros(1920, np.float32)
+    fed = 0
+    while not gate.asleep and fed < 20:
+        gate(silence)
+        fed += 1
+    # 10 frames after the last voice (the demo's first answer has a click the detector hears)
+    assert 10 <= fed <= 11 and events[-1]["event"] == "conversation"
+    awake_ticks = ticks()
+    assert awake_ticks == fed
+    for _ in range(20):
+        assert not gate(silence).any()  # silence played
+    gate.muted = True
+    for i in range(10):
+        gate(speech[i * 1920:(i + 1) * 1920])
+    assert gate.asleep and ticks() == awake_ticks  # 30 frames asleep: no step
+    gate.muted = False
+    gate.set_persona(Persona(text_prompt="You sell bread."))
+    gate(silence)
+    assert events[-1]["event"] == "conversation"
+    assert events[-1]["text_prompt"] == "You sell bread." and ticks() == awake_ticks
+    frame = next(i for i in range(40) if gate.user_vad.speech(speech[i * 1920:(i + 1) * 1920]))
+    for i in range(frame + 1):
+        gate(speech[i * 1920:(i + 1) * 1920])
+    wake = [e for e in events if e["event"] == "wake"]
+    assert len(wake) == 1 and wake[0]["preroll_frames"] == 4 and wake[0]["latency_frames"] == 0
+    assert ticks() == awake_ticks + 4 and not gate.asleep  # the pre-roll, at the waking frame
+    assert conv.persona.text_prompt == "You sell bread."
+    conv.close()
+
+
+# -- the service ----------------------------------------------------------------------------------
 @pytest.fixture
 def service(tmp_path, demo_model_dir):
     from assistant_service import AssistantService
@@ -198,7 +244,8 @@ def test_control_socket_sighup_and_sigterm(service, tmp_path):
     answers = bad.makefile("r")
     errors = [json.loads(answers.readline()) for _ in range(3)]
     assert [e["ok"] for e in errors] == [False] * 3
-    assert "not a JSON line" in errors[0]["error"] and "unknown command 'dance'" in errors[2]["error"]
+    assert "not a JSON line" in errors[0]["error"]
+    assert "unknown command 'dance'" in errors[2]["error"]
     bad.sendall(b'{"cmd": "status"}\n')  # its session goes on
     assert json.loads(answers.readline())["ok"] is True
     bad.close()

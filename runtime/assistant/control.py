@@ -42,6 +42,9 @@ def _bind(path: Path) -> socket.socket:
     """A listening socket at `path`, created 0600 (no moment in which others could connect).
     A socket file left by a process that died is replaced; one that answers is refused."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.parent.stat().st_uid != os.getuid():  # who owns the directory could swap the socket
+        raise PersonaPlexError(f"control.socket: {path.parent} belongs to another user; set a "
+                               "path in a directory of your own")
     if path.exists() or path.is_symlink():
         if not stat.S_ISSOCK(path.lstat().st_mode):
             raise PersonaPlexError(f"control.socket {path} exists and is not a socket; remove "

@@ -47,7 +47,8 @@ class Notifier:
         self.send(f"STATUS={status}")
 
     def reloading(self) -> None:
-        self.send("RELOADING=1", f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
+        now_usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        self.send("RELOADING=1", f"MONOTONIC_USEC={now_usec}")
 
     def stopping(self) -> None:
         self.send("STOPPING=1", "STATUS=stopping")

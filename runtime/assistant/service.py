@@ -67,7 +67,7 @@ class Assistant:
         self._waiting_since: float | None = None
         self._totals = {"frames": 0, "dropped_frames": 0, "underruns": 0}
 
-    # -- output ---------------------------------------------------------------------------------
+    # -- output -----------------------------------------------------------------------------------
     def log(self, line: str) -> None:
         if self.tty:
             line = time.strftime("%H:%M:%S ") + line
@@ -94,7 +94,7 @@ class Assistant:
         elif kind in ("muted", "unmuted", "device_lost", "device_back"):
             pass  # logged where they happen, with more to say
 
-    # -- lifecycle ------------------------------------------------------------------------------
+    # -- lifecycle --------------------------------------------------------------------------------
     def run(self) -> int:
         self._signals()
         cfg = self.config
@@ -254,7 +254,7 @@ class Assistant:
             self._status = status
             self.notifier.status(status)
 
-    # -- reload -------------------------------------------------------------------------------------
+    # -- reload -----------------------------------------------------------------------------------
     def _reload_config(self) -> None:
         self.notifier.reloading()
         try:
