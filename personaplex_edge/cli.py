@@ -580,15 +580,13 @@ def build_parser() -> argparse.ArgumentParser:
                                          "control socket (docs/assistant.md)")
     s.add_argument("--config", help="TOML file (default: $XDG_CONFIG_HOME/personaplex-edge/"
                                     "assistant.toml); the flags below override it")
-    for flag in ("--model", "--text-prompt", "--voice-prompt", "--input-device",
-                 "--output-device", "--socket"):
-        s.add_argument(flag, default=None)
-    s.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None)
-    s.add_argument("--threads", type=int, default=None)
-    s.add_argument("--seed", type=int, default=None)
-    s.add_argument("--aec", choices=["on", "off"], default=None)
-    s.add_argument("--sleep-after", type=float, default=None,
-                   help="seconds without speech before the model sleeps (0: never)")
+    from .runtime.assistant.entry import FLAGS
+
+    kinds = {"--device": {"choices": ["auto", "cpu", "cuda"]}, "--threads": {"type": int},
+             "--seed": {"type": int}, "--sleep-after": {"type": float}}
+    for key, flag in FLAGS.values():  # each overrides one key of the file (docs/assistant.md)
+        s.add_argument(flag, default=None, help=f"sets {key}", **kinds.get(flag, {}))
+    s.add_argument("--aec", choices=["on", "off"], default=None, help="sets audio.aec")
     s.add_argument("--no-socket", action="store_true", help="no control socket")
     s.add_argument("--install-unit", action="store_true",
                    help="write the systemd user unit running this command (with these flags)")

@@ -21,10 +21,19 @@ from personaplex_edge.errors import ConfigError
 from ..persona import DEFAULT_TEXT_PROMPT, Persona
 from ..sampling import SamplingParams
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10 (JetPack 6): the same parser as the `tomli` package
-    import tomli as tomllib
+
+def _toml():
+    """The TOML parser: the standard library's from 3.11, the `tomli` package it came from on
+    3.10 (JetPack 6); imported only when a file is read, so the CLI starts without it."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+        return tomllib
+    try:
+        import tomli
+    except ImportError:
+        raise ConfigError("reading the config file needs tomli on Python 3.10: pip install "
+                          "'personaplex-edge[assistant]'") from None
+    return tomli
 
 Check = Callable[[Any], Any]  # a raw value -> the value to keep; ValueError says what is wrong
 
@@ -184,9 +193,10 @@ def load_config(path: str | Path | None = None,
     raw: dict[str, Any] = {}
     source = "defaults"
     if path.is_file():
+        toml = _toml()
         try:
-            raw = _flatten(tomllib.loads(path.read_text(encoding="utf-8")))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raw = _flatten(toml.loads(path.read_text(encoding="utf-8")))
+        except (toml.TOMLDecodeError, UnicodeDecodeError) as e:
             raise ConfigError(f"{path}: not valid TOML: {e}") from None
         except OSError as e:
             raise ConfigError(f"{path}: cannot read it: {e}") from None

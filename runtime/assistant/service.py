@@ -60,6 +60,7 @@ class Assistant:
         self.started = time.monotonic()
         self.model = self.conv = self.gate = self.control = None
         self.loop = None  # the duplex loop of the devices now open
+        self._counted = None  # the last loop whose counts went into the totals
         self.devices_open = False
         self.device_losses = 0
         self.model_loads = 0
@@ -192,7 +193,7 @@ class Assistant:
 
     def _close_loop(self, loop) -> None:
         """Adds a finished loop's counts to the totals (they survive a device's loss)."""
-        if loop is not None and loop is not getattr(self, "_counted", None):
+        if loop is not None and loop is not self._counted:
             self._counted = loop
             for key in self._totals:
                 self._totals[key] += getattr(loop.stats, key)
@@ -289,7 +290,7 @@ class Assistant:
     # -- figures ----------------------------------------------------------------------------------
     def _figures(self) -> dict:
         t = dict(self._totals)
-        if self.loop is not None and self.loop is not getattr(self, "_counted", None):
+        if self.loop is not None and self.loop is not self._counted:
             for key in t:
                 t[key] += getattr(self.loop.stats, key)
         return t
