@@ -1,15 +1,16 @@
 """Soak of `personaplex-edge assistant`: speech and silence in turn for --minutes, the sound
 server killed and started again twice (a device unplugged), the service's RSS sampled.
 
-    python benchmarks/soak_assistant.py [--minutes 60] [--model DIR] [--json out.json]
+    python benchmarks/soak_assistant.py [--minutes 60] [--unplugs 2] [--model DIR] [--json out.json]
 
 Runs the service as systemd would (tests/assistant_service.py: a private PulseAudio, a listener
 on NOTIFY_SOCKET, a control client), on the demo model by default. Every cycle plays a phrase
 into the microphone and then leaves silence long enough for the model to fall asleep (idle
-after 3 s). At a third and at two thirds of the run the sound server dies for 5 s. Reports the
-wakes, sleeps, device losses, the process id at the start and the end (no restart), watchdog
-pings, and RSS: the first sample after a minute's warm-up, the last, the largest and the slope
-of a straight-line fit (MB per hour). Exit 1 when the service restarted, died or lost count.
+after 3 s). At a third and at two thirds of the run (--unplugs N: N times, evenly spread) the
+sound server dies for 5 s. Reports the wakes, sleeps, device losses, the process id at the
+start and the end (no restart), watchdog pings, and RSS: the first sample after a minute's
+warm-up, the last, the largest and the slope of a straight-line fit (MB per hour). Exit 1 when
+the service restarted, died or did not count every loss.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--minutes", type=float, default=60.0)
     p.add_argument("--model", default="demo", help="model (default: the built-in demo)")
+    p.add_argument("--unplugs", type=int, default=2,
+                   help="times the sound server dies for 5 s, evenly spread (2)")
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args(argv)
     from assistant_service import HELLO, AssistantService
@@ -50,7 +53,7 @@ def main(argv=None) -> int:
     model_dir = resolve_model(args.model, print)
     period = sf.info(str(HELLO)).duration + 3.0 + 3.0  # the phrase, 3 s to sleep, 3 s asleep
     total = args.minutes * 60
-    unplug_at = [total / 3, 2 * total / 3]
+    unplug_at = [total * (k + 1) / (args.unplugs + 1) for k in range(args.unplugs)]
     samples: list[tuple[float, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
         s = AssistantService(Path(tmp), model_dir, sleep_after=3.0, watchdog_usec=10_000_000)
@@ -96,7 +99,7 @@ def main(argv=None) -> int:
     print(json.dumps(result, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps({**result, "rss": samples}, indent=1))
-    ok = alive and result["pid_same"] and result["device_losses"] == 2
+    ok = alive and result["pid_same"] and result["device_losses"] == args.unplugs
     return 0 if ok else 1
 
 
