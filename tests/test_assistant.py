@@ -74,6 +74,19 @@ def test_a_bad_flag_is_named_as_the_flag():
     assert done.returncode == 2 and "--sleep-after: expected at least 0" in done.stderr
 
 
+def test_a_socket_in_use_is_refused_before_the_model_loads(tmp_path):
+    path = tmp_path / "in-use.sock"
+    other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    other.bind(str(path))
+    other.listen(1)
+    try:  # a model that does not exist: the refusal must come first
+        done = _cli("--socket", str(path), "--model", str(tmp_path / "no-model"))
+    finally:
+        other.close()
+    assert done.returncode == 2 and "another assistant answers on" in done.stderr, done.stderr
+    assert path.exists()  # the other's socket is left alone
+
+
 # -- the unit -------------------------------------------------------------------------------------
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None,
                     reason="no systemd-analyze here (apt-get install systemd; scripts/install.sh "
@@ -237,6 +250,7 @@ def test_a_sound_server_that_dies_is_waited_for_and_the_service_resumes(service)
 @needs_pulse
 def test_control_socket_sighup_and_sigterm(service, tmp_path):
     c = service.client
+    assert os.stat(service.socket_path).st_mode & 0o777 == 0o600  # this user's only
     # a bad client beside the good one: garbage, a non-object, an unknown command
     bad = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     bad.connect(str(service.socket_path))

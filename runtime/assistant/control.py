@@ -119,6 +119,7 @@ class ControlServer:
             pass  # a wake-up is already waiting
 
     def close(self) -> None:
+        """Stops serving (or never starts) and removes the socket file."""
         self._stop = True
         self._poke()
         if self._thread.is_alive():

@@ -92,25 +92,28 @@ class Assistant:
             self.log(f"conversation {event['number']} ready: {event['prompt_frames']} prompt "
                      f"frames in {event['seconds']:.2f} s"
                      + (" (from the persona cache)" if event["persona_cached"] else ""))
-        elif kind in ("muted", "unmuted", "device_lost", "device_back"):
-            pass  # logged where they happen, with more to say
+        elif kind in ("muted", "unmuted"):
+            self.log(kind)
 
     # -- lifecycle --------------------------------------------------------------------------------
     def run(self) -> int:
         self._signals()
         cfg = self.config
         self.log(f"config: {cfg.source}")
-        self._load(cfg)
-        if cfg.socket_path is not None:
+        if cfg.socket_path is not None:  # bound first: a path in use fails before the load
             from .control import ControlServer
 
             self.control = ControlServer(cfg.socket_path, lambda req: dispatch(self, req),
-                                         self.log).start()
-            self.log(f"control socket: {cfg.socket_path}")
+                                         self.log)
         try:
+            self._load(cfg)
+            if self.control is not None:
+                self.control.start()
+                self.log(f"control socket: {cfg.socket_path}")
             self._devices()
         finally:
-            self.notifier.stopping()
+            if not self._stop.is_set():
+                self.notifier.stopping()
             self._shutdown()
         return 0
 
@@ -150,7 +153,7 @@ class Assistant:
     def _shutdown(self) -> None:
         if self.control is not None:
             self.control.close()
-        s = self.gate.stats if self.gate is not None else None
+        s = self.gate.stats if self.gate is not None else None  # None: the load failed
         if s is not None:
             t = self._figures()
             self.log(f"stopped: {t['frames']} frames, {s.lm_frames} stepped by the model, "
