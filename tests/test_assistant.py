@@ -293,6 +293,7 @@ def test_control_socket_sighup_and_sigterm(service, tmp_path):
     assert service.proc.wait(timeout=30) == 0
     assert "stopped:" in service.log_text() and not service.socket_path.exists()
     assert "Traceback" not in service.log_text()
+    assert "\r" not in service.log_text()  # not a terminal: lines for journald, no redraws
 
 
 def test_the_docs_name_every_config_key_and_command():
