@@ -8,10 +8,12 @@ if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     # libsndfile for soundfile (its wheel bundles one; this covers platforms without a wheel);
     # PortAudio for sounddevice; speexdsp for the echo canceller (loaded through ctypes);
     # PulseAudio (a null sink and its monitor) for the live-audio test; chromium (headless, the
-    # serve page's browser test) and openssl (its TLS test's certificate)
+    # serve page's browser test) and openssl (its TLS test's certificate); systemd (the
+    # assistant's unit checked by systemd-analyze verify), espeak-ng and sox (its benchmarks'
+    # speech and music)
     missing=""
     for pkg in libsndfile1 libportaudio2 libspeexdsp1 pulseaudio pulseaudio-utils libasound2-plugins \
-               chromium openssl; do
+               chromium openssl systemd espeak-ng sox; do
         dpkg -s "$pkg" >/dev/null 2>&1 || missing="$missing $pkg"
     done
     if [ -n "$missing" ]; then
@@ -49,7 +51,7 @@ else
 fi
 # The runtime with onnxruntime for the CPU (the `cpu` extra: never beside onnxruntime-gpu),
 # the export, the tests, the sound devices and the server.
-python -m pip install -q -e ".[cpu,export,dev,audio,serve]"
+python -m pip install -q -e ".[cpu,export,dev,audio,serve,assistant]"
 # The test reference. It pins torch<2.10, so it goes in without its dependencies (the light
 # ones are in the dev extra).
 python -m pip install -q --no-deps "moshi==0.2.13"
