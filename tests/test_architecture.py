@@ -20,7 +20,7 @@ LAYERS = [
     ["persona_cache", "persona", "lockstep", "say"],
     ["conversation"],
     ["api"],
-    ["bench", "stdio", "batch", "serve"],
+    ["bench", "stdio", "batch", "serve", "assistant"],
 ]
 # core modules that are front doors: they may reach the runtime and (for a built-in model's
 # first export) the torch side; every other core module reaches neither

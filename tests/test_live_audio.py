@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import time
 import numpy as np
 import pytest
 from interrupt import default_sigint
+from pulse import start_pulse
 
 pytestmark = pytest.mark.skipif(
     shutil.which("pulseaudio") is None or shutil.which("pactl") is None,
@@ -19,41 +19,9 @@ pytestmark = pytest.mark.skipif(
            "does, so CI runs these tests)")
 
 
-def _start_pulse(runtime, echo_ms: int | None = None):
-    """A private server with a null sink as the speaker and its monitor as the microphone;
-    with `echo_ms`, the microphone is a second sink's monitor fed from the speaker through a
-    loopback of that latency instead: an open speaker, heard back a little later."""
-    env = dict(os.environ, XDG_RUNTIME_DIR=str(runtime), PULSE_RUNTIME_PATH=str(runtime),
-               HOME=str(runtime))
-    room = []
-    if echo_ms is not None:
-        room = ["--load=module-null-sink sink_name=room",
-                f"--load=module-loopback source=edge_sink.monitor sink=room "
-                f"latency_msec={echo_ms}"]
-    server = subprocess.Popen(
-        ["pulseaudio", "--daemonize=no", "--exit-idle-time=-1", "--disallow-exit", "-n",
-         "--load=module-native-protocol-unix", "--load=module-null-sink sink_name=edge_sink",
-         *room, "--load=module-always-sink", "--log-target=stderr", "--log-level=error"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 15
-    while time.time() < deadline:
-        if subprocess.run(["pactl", "info"], env=env, capture_output=True).returncode == 0:
-            break
-        if server.poll() is not None:
-            pytest.skip(f"PulseAudio would not start: {server.stderr.read().decode()[-300:]}")
-        time.sleep(0.2)
-    else:
-        server.kill()
-        pytest.skip("PulseAudio did not answer within 15 s")
-    subprocess.run(["pactl", "set-default-sink", "edge_sink"], env=env, check=True)
-    source = "edge_sink.monitor" if echo_ms is None else "room.monitor"
-    subprocess.run(["pactl", "set-default-source", source], env=env, check=True)
-    return server, env
-
-
 @pytest.fixture(scope="module")
 def pulse_env(tmp_path_factory):
-    server, env = _start_pulse(tmp_path_factory.mktemp("pulse"))
+    server, env = start_pulse(tmp_path_factory.mktemp("pulse"))
     yield env
     server.terminate()
     server.wait(timeout=10)
@@ -116,7 +84,7 @@ def test_unknown_device_is_one_clear_error(pulse_env, demo_model_dir):
 
 def test_vanishing_device_ends_with_a_message(tmp_path, demo_model_dir):
     """The sound server dies mid-conversation: one clear message, exit status 2, no hang."""
-    server, env = _start_pulse(tmp_path)
+    server, env = start_pulse(tmp_path)
     try:
         mic = subprocess.Popen(
             [sys.executable, "-m", "personaplex_edge.cli", "--mic", "--model",
@@ -154,7 +122,7 @@ def test_ctrl_c_stops_cleanly_with_a_summary(pulse_env, demo_model_dir):
 
 @pytest.fixture(scope="module")
 def echo_env(tmp_path_factory):
-    server, env = _start_pulse(tmp_path_factory.mktemp("pulse_echo"), echo_ms=60)
+    server, env = start_pulse(tmp_path_factory.mktemp("pulse_echo"), echo_ms=60)
     yield env
     server.terminate()
     server.wait(timeout=10)
