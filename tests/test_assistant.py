@@ -181,6 +181,46 @@ def test_the_gate_sleeps_steps_nothing_and_wakes_over_its_preroll(demo_model):
     conv.close()
 
 
+def test_say_wakes_the_gate_and_keeps_it_awake_until_the_last_word(demo_model):
+    """`say` through the gate (the socket's command): a sleeping model is woken at the next
+    frame and says every word in order (its text pieces are the words), awake through silence
+    longer than its idle time until the last word is done, and asleep again after it."""
+    from personaplex_edge.runtime.assistant.idle import IdleGate, IdlePolicy
+    from personaplex_edge.runtime.sampling import SamplingParams
+
+    words = "your tea is ready"
+    silence = np.zeros(1920, np.float32)
+    events = []
+    conv = demo_model.open_conversation(SamplingParams(greedy=True))
+    conv.prefill()
+    gate = IdleGate(conv, demo_model.text, IdlePolicy(sleep_after_frames=3, preroll_frames=2),
+                    events.append)
+    while not gate.asleep:
+        gate(silence)
+    assert not gate(silence).any()
+    asleep_at, ticks = gate.frame, conv.group.metrics.frames
+    utterance = gate.say(words)
+    assert utterance.words == ("your", "tea", "is", "ready")
+    while not any(e["event"] == "say" and e["word_event"] == "done" and e["last"]
+                  for e in events):
+        gate(silence)
+        assert not gate.asleep, "asleep with words to say"
+        assert gate.frame - asleep_at < 100
+    said = [e for e in events if e["event"] == "say"]
+    assert [e["word"] for e in said if e["word_event"] == "started"] == list(utterance.words)
+    wake = [e for e in events if e["event"] == "wake"]
+    assert wake[-1]["reason"] == "command" and conv.group.metrics.frames > ticks
+    assert all(e["step"] >= 0 for e in said)  # counted from the first frame after the persona
+    for _ in range(3):  # the last word's pieces reach the emitted frames a step later
+        gate(silence)
+    spoken = "".join(e["text"] for e in events[events.index(wake[-1]):] if e["event"] == "text")
+    assert " ".join(utterance.words) in " ".join(spoken.split())
+    for _ in range(7):  # the words done, the idle clock runs again
+        gate(silence)
+    assert gate.asleep
+    conv.close()
+
+
 # -- the service ----------------------------------------------------------------------------------
 @pytest.fixture
 def service(tmp_path, demo_model_dir):
@@ -287,6 +327,14 @@ def test_control_socket_sighup_and_sigterm(service, tmp_path):
     status = c.command("status")
     assert status["persona"]["text_prompt"] == "You answer in riddles."
     assert status["model_loads"] == 1 and status["conversations"] >= 3
+    # say: the words' events reach the client; a bad say is that client's error line
+    assert c.command("say")["ok"] is False
+    said = c.command("say", text="the door is open")
+    assert said["ok"] is True and said["words"] == ["the", "door", "is", "open"]
+    c.event("say", timeout=20, word_event="done", last=True, word="open")
+    started = [m["word"] for _, m in c.lines.items if m.get("event") == "say"
+               and m.get("word_event") == "started"]
+    assert started == ["the", "door", "is", "open"]
     # SIGTERM: STOPPING=1, a summary, exit 0, the socket gone
     service.proc.send_signal(signal.SIGTERM)
     service.notify.wait(lambda m: "STOPPING=1" in m, timeout=10)

@@ -3,12 +3,8 @@
 A command is a function (assistant, request) -> the reply's fields; the request is the client's
 JSON object (its "cmd" and any arguments). It runs on the socket's thread: it sets what the
 audio loop reads at its next frame (IdleGate.request, .muted) rather than stepping anything
-itself. Adding a command is one entry here, e.g. issue 27's spoken text:
-
-    "say": Command(lambda a, req: a.say(req["text"]), "speak TEXT through the model"),
-    "cancel": Command(lambda a, req: a.cancel(), "stop what `say` queued"),
-
-(the Assistant in service.py reaches the conversation core as `a.gate.conv`).
+itself. Adding a command is one entry here (the Assistant in service.py reaches the
+conversation core as `a.gate.conv`).
 """
 
 from __future__ import annotations
@@ -46,6 +42,20 @@ def _request(a: Assistant, what: str) -> dict:
     return {"requested": what}
 
 
+def _say(a: Assistant, request: dict) -> dict:
+    text = request.get("text")
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError('say takes the words in "text": {"cmd": "say", "text": "Your tea is '
+                         'ready."}')
+    utterance = a.gate.say(text)
+    return {"utterance": utterance.id, "words": list(utterance.words)}
+
+
+def _cancel(a: Assistant, request: dict) -> dict:
+    a.gate.cancel_say()
+    return {"cancelled": True}
+
+
 COMMANDS: dict[str, Command] = {
     "status": Command(lambda a, req: a.status(), "state, devices, persona and the figures"),
     "mute": Command(lambda a, req: _mute(a, True),
@@ -54,6 +64,9 @@ COMMANDS: dict[str, Command] = {
     "sleep": Command(lambda a, req: _request(a, "sleep"),
                      "sleep now (the next conversation is made ready)"),
     "wake": Command(lambda a, req: _request(a, "wake"), "wake now, without a voice"),
+    "say": Command(_say, "the model says TEXT in its voice (queued after any words still "
+                         "queued; wakes it); say events follow each word"),
+    "cancel": Command(_cancel, "drop the words `say` queued (the word being spoken ends)"),
     "help": Command(lambda a, req: {"commands": {n: c.help for n, c in COMMANDS.items()}},
                     "the commands"),
 }

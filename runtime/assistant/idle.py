@@ -15,6 +15,10 @@ forget who it is and keep a minute of silence in its window. The new conversatio
 the model falls asleep (the persona restored from the persona cache, its last column run), so
 the wake itself costs only the pre-roll's steps; a persona changed by a reload (SIGHUP)
 applies there too.
+
+Words an app has the model say (`say`, runtime/say.py) wake it, and keep it awake until the
+last of them is spoken: the model must step to speak them. A sleep's new conversation starts
+with an empty queue.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from .vad import VoiceDetector
 if TYPE_CHECKING:
     from ..conversation import Conversation
     from ..sampling import SamplingParams
+    from ..say import SayEvent, Utterance
     from ..text import TextTokenizer
 
 Emit = Callable[[dict], None]  # an event for the control socket and the log (thread-safe)
@@ -120,11 +125,31 @@ class IdleGate:
         self._onset = 0
         self._requests: set[str] = set()
         self._next: tuple[Persona, SamplingParams | None] | None = None  # set_persona's
+        conv.on_say = self._said  # word events, on the worker's thread after its step
 
     # -- commands (any thread) ----------------------------------------------------------------
     def request(self, what: str) -> None:
         """"sleep" or "wake" at the next frame."""
         self._requests.add(what)
+
+    def say(self, text: str) -> "Utterance":
+        """Queues `text`'s words on the conversation (thread-safe); a sleeping model is woken
+        at the next frame to say them."""
+        utterance = self.conv.say(text)
+        if self.asleep:
+            self.request("wake")
+        return utterance
+
+    def cancel_say(self) -> None:
+        self.conv.cancel_say()
+
+    def _said(self, event: "SayEvent") -> None:
+        data = event.to_dict()
+        # the socket's events name themselves in "event"; a word's fate goes in "word_event",
+        # its step counted from the conversation's first frame after the persona
+        data["word_event"] = data.pop("event")
+        data["step"] -= self.conv.prompt_frames
+        self.emit({"event": "say", **data})
 
     def set_persona(self, persona: Persona, sampling: "SamplingParams | None" = None) -> None:
         """The persona (and sampling) of the next conversation: made at the next sleep, or at
@@ -153,7 +178,7 @@ class IdleGate:
     def _talk(self, frame: np.ndarray) -> np.ndarray:
         out = self._step(frame)
         user, model = self.user_vad.speech(frame), self.model_vad.speech(out)
-        if user or model:
+        if user or model or self.conv.saying:
             self._last_speech = self.frame
         if model:
             self._last_model_speech = self.frame
