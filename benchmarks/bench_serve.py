@@ -75,7 +75,7 @@ def opus_round_trip(pages: list[bytes]) -> np.ndarray:
     feeds it)."""
     import sphn
 
-    from personaplex_edge.runtime.serve.opus import ogg_pages
+    from personaplex_edge.runtime.serve.ogg import ogg_pages
 
     reader = sphn.OpusStreamReader(RATE)
     out = [np.asarray(reader.append_bytes(page), np.float32)
