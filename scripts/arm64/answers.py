@@ -2,7 +2,8 @@
 each answer is written as NAME.pcm16 (the answer's samples, little-endian int16) and NAME.txt
 (what the model said). compare.py sets two such directories side by side.
 
-    python scripts/arm64/answers.py local OUT      run (greedy, seeded), stdio, the Python API
+    python scripts/arm64/answers.py local OUT [OGG]  run (greedy, seeded), stdio, the Python API,
+                                                     the server's Opus (OGG: a stream to decode)
     python scripts/arm64/answers.py serve URL OUT  /api/chat and /v1/realtime against a server
 
 `local` needs only the board's install (no torch, no test tools) and the built-in demo model
@@ -28,9 +29,10 @@ FRAME = 1920
 CLI = Path(sys.executable).with_name("personaplex-edge")  # the console script of this venv
 
 
-def save(out: Path, name: str, pcm16: bytes, text: str) -> None:
+def save(out: Path, name: str, pcm16: bytes, text: str | None = None) -> None:
     (out / f"{name}.pcm16").write_bytes(pcm16)
-    (out / f"{name}.txt").write_text(text)
+    if text is not None:
+        (out / f"{name}.txt").write_text(text)
 
 
 def said(records: list[str]) -> str:
@@ -81,6 +83,23 @@ def ask_api(out: Path) -> None:
     save(out, "api", pcm16_bytes(answer.pcm), answer.text)
 
 
+def ask_opus(out: Path, stream: Path | None) -> None:
+    """The server's codec alone: the bundled speech encoded as /api/chat's answers are, then
+    decoded here (opus-encode; the stream kept as opus-encode.ogg), and `stream` - another
+    machine's opus-encode.ogg, or this one's - decoded as /api/chat's questions are
+    (opus-decode)."""
+    from personaplex_edge.audio import pcm16_bytes, read_audio
+    from personaplex_edge.runtime.serve.opus import OpusDecoder, OpusEncoder
+
+    pcm = read_audio(HELLO, 24000)
+    encoder = OpusEncoder(24000)
+    data = b"".join(encoder.encode(pcm[i:i + FRAME]) for i in range(0, pcm.shape[0], FRAME))
+    (out / "opus-encode.ogg").write_bytes(data)
+    for name, ogg in (("opus-encode", data), ("opus-decode", (stream or out / "opus-encode.ogg")
+                                                               .read_bytes())):
+        save(out, name, pcm16_bytes(np.concatenate(OpusDecoder(24000, FRAME).feed(ogg))))
+
+
 def ask_serve(url: str, out: Path) -> None:
     """One client of each protocol, at the pace of real time, until every answer frame came."""
     sys.path.insert(0, str(REPO / "benchmarks"))
@@ -100,13 +119,14 @@ def ask_serve(url: str, out: Path) -> None:
 
 
 def main(argv: list[str]) -> None:
-    if argv[:1] == ["local"] and len(argv) == 2:
+    if argv[:1] == ["local"] and len(argv) in (2, 3):
         out = Path(argv[1])
         out.mkdir(parents=True, exist_ok=True)
         ask_run(out, "run-greedy", "--greedy")
         ask_run(out, "run-seeded", "--seed", "7")
         ask_stdio(out)
         ask_api(out)
+        ask_opus(out, Path(argv[2]) if len(argv) == 3 else None)
     elif argv[:1] == ["serve"] and len(argv) == 3:
         out = Path(argv[2])
         out.mkdir(parents=True, exist_ok=True)

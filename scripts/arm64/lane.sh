@@ -17,8 +17,10 @@
 #      and `serve` with one client of each protocol (/api/chat, /v1/realtime) sent from here.
 #      compare.py: text identical, PCM16 within 1 LSB (the Opus of /api/chat: see compare.py).
 #
-# Mounts (/proc, /sys, /dev) live in a private mount namespace of each chroot command
-# (unshare -m): they vanish when it exits, whatever happens; nothing stays mounted.
+# Mounts (/proc, /dev) live in a private mount namespace of each chroot command (unshare -m):
+# they vanish when it exits, whatever happens; nothing stays mounted. /sys is not mounted: this
+# machine's (x86) sysfs crashes onnxruntime's CPU probe (cpuinfo) under qemu with SIGSEGV;
+# without it the probe fails softly (one warning) and onnxruntime runs its generic arm64 kernels.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$PWD
@@ -99,7 +101,6 @@ in_root() {
     unshare -m --propagation private -- sh -c '
         root=$1; shift
         mount -t proc proc "$root/proc"
-        mount -t sysfs -o ro sys "$root/sys"
         mount --bind /dev "$root/dev"
         mount -t tmpfs -o size=256m shm "$root/dev/shm"
         exec chroot "$root" "$@"' in_root "$ROOT" \
@@ -109,6 +110,8 @@ in_root() {
 [ "$(in_root uname -m)" = aarch64 ] || die "the root does not run as aarch64"
 
 # -- 3. the install, as docs/jetson.md says --------------------------------------------------
+rm -rf "$WORK"
+mkdir -p "$WORK/x86" "$WORK/arm64"
 say "copying this checkout into the root ($SRC)"
 rm -rf "$ROOT$SRC"
 mkdir -p "$ROOT$SRC"
@@ -121,30 +124,32 @@ printf '%s\n' "$BOARD" | sed 's/^/    /'
     echo "cd $SRC"
     printf '%s\n' "$BOARD"
 } >"$ROOT/tmp/board-install.sh"
-in_root bash /tmp/board-install.sh >"$CACHE/install.log" 2>&1 || {
-    tail -30 "$CACHE/install.log"
-    die "the board's install (see $CACHE/install.log)"
+in_root bash /tmp/board-install.sh >"$WORK/install.log" 2>&1 || {
+    tail -30 "$WORK/install.log"
+    die "the board's install (see $WORK/install.log)"
 }
 in_root "$SRC/.venv/bin/python" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("torch") is not None)' ||
     die "torch is importable in the root: the board's install must not need it"
-say "installed: $(in_root "$SRC/.venv/bin/python" -c 'import platform, onnxruntime; print(platform.machine(), "Python", platform.python_version(), "onnxruntime", onnxruntime.__version__)')"
+say "installed: $(in_root "$SRC/.venv/bin/python" -c 'import platform, onnxruntime; print(platform.machine(), "Python", platform.python_version(), "onnxruntime", onnxruntime.__version__)' 2>/dev/null)"
 
 # -- 4. the demo model, exported here and moved to the "board" -------------------------------
-rm -rf "$WORK"
-mkdir -p "$WORK/x86" "$WORK/arm64"
 say "exporting the built-in demo model on x86-64"
 PERSONAPLEX_CACHE=$WORK/x86-cache "$HOST_PY" -c 'from personaplex_edge.model_ref import resolve_model; resolve_model("demo")' >/dev/null
-mkdir -p "$ROOT/root/.cache/personaplex-edge/models"
 rm -rf "$ROOT/root/.cache/personaplex-edge"
 mkdir -p "$ROOT/root/.cache/personaplex-edge/models"
 cp -r "$WORK/x86-cache/models/demo" "$ROOT/root/.cache/personaplex-edge/models/demo"
 
 # -- 5. the same questions on both sides -------------------------------------------------------
-say "x86-64: run, stdio, the Python API"
-PERSONAPLEX_CACHE=$WORK/x86-cache "$HOST_PY" scripts/arm64/answers.py local "$WORK/x86"
-say "arm64: run, stdio, the Python API"
-in_root "$SRC/.venv/bin/python" "$SRC/scripts/arm64/answers.py" local /tmp/answers
-cp "$ROOT"/tmp/answers/* "$WORK/arm64/"
+say "x86-64: run, stdio, the Python API, Opus"
+PERSONAPLEX_CACHE=$WORK/x86-cache "$HOST_PY" scripts/arm64/answers.py local "$WORK/x86" \
+    2>"$WORK/local-x86.log" || { tail -20 "$WORK/local-x86.log"; die "x86-64 answers"; }
+say "arm64: run, stdio, the Python API, Opus (decoding the x86 stream)"
+rm -rf "$ROOT/tmp/answers"
+mkdir -p "$ROOT/tmp/answers"
+cp "$WORK/x86/opus-encode.ogg" "$ROOT/tmp/answers/x86.ogg"
+in_root "$SRC/.venv/bin/python" "$SRC/scripts/arm64/answers.py" local /tmp/answers /tmp/answers/x86.ogg \
+    2>"$WORK/local-arm64.log" || { tail -20 "$WORK/local-arm64.log"; die "arm64 answers"; }
+cp "$ROOT"/tmp/answers/*.pcm16 "$ROOT"/tmp/answers/*.txt "$WORK/arm64/"
 
 SERVE_FLAGS=(serve --model demo --greedy --max-backlog-frames 100000)
 server_pid=""
