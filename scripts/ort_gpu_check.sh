@@ -22,8 +22,8 @@
 # `run` joins the pieces (each and the whole checked by sha256), unpacks the wheel into its own
 # folder put first on PYTHONPATH (the image's CPU onnxruntime stays as it is: one module, two
 # builds, never installed side by side), imports torch first (its CUDA libraries then resolve
-# for onnxruntime's provider), checks that the CUDA provider runs a graph, then runs
-# scripts/gpu_check.py (tiny and mid, every precision it converts; TensorRT is not there, so its
+# for onnxruntime's provider), checks that `import onnxruntime` is the carried build and has
+# its CUDA provider, then runs scripts/gpu_check.py (tiny and mid, every precision it converts; TensorRT is not there, so its
 # stages are skipped and say so) within the time left. The report goes to $OUT when set.
 set -u
 cd "$(dirname "$0")/.."
@@ -52,7 +52,7 @@ prepare() { # prepare PYTHON_VERSION: download and cut
     local tree_mib piece_mib
     tree_mib=$(git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb 2>/dev/null |
         tail -1 | awk '{printf "%.1f", $1 / 1048576}')
-    piece_mib=$(awk -v t="$tree_mib" 'BEGIN {printf "%.1f", 64 - t - 1.5}')
+    piece_mib=$(awk -v t="$tree_mib" 'BEGIN {printf "%.1f", 64 - t - 1}')
     rm -rf "$PIECES"
     python3 scripts/carry.py split "build/carry/wheels/$name" "$PIECES" --piece-mib "$piece_mib"
     say "the working tree is $tree_mib MiB: pieces of at most $piece_mib MiB"
@@ -115,7 +115,9 @@ run)
     unpack "$PY" && check "$@"
     ;;
 rehearse)
-    # this machine's python, the pieces carried one at a time into a scratch copy of the tree
+    # this machine's python (the project's venv, as the image's python3 holds torch there), the
+    # pieces carried one at a time into a scratch copy of the tree
+    [ -x .venv/bin/python3 ] && PATH=$PWD/.venv/bin:$PATH
     py=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
     prepare "$py" || exit 1
     name=$(wheel_name "$py")
@@ -126,7 +128,7 @@ rehearse)
     cp "$PIECES/$name.pieces.json" "$scratch/$PIECES/"
     for part in "$PIECES/$name".part-*; do
         cp "$part" "$scratch/$PIECES/"
-        (cd "$scratch" && ORT_GPU_PYTHON=$py bash scripts/ort_gpu_check.sh status | tail -1)
+        (cd "$scratch" && ORT_GPU_PYTHON=$py bash scripts/ort_gpu_check.sh status | grep "pieces here")
     done
     cd "$scratch" && ORT_GPU_PYTHON=$py ORT_GPU_WORK=$scratch/work ORT_GPU_SECONDS=${ORT_GPU_SECONDS:-300} \
         bash scripts/ort_gpu_check.sh run --cpu-only --configs tiny
