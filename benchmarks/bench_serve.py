@@ -120,6 +120,7 @@ class ClientResult:
     frames_sent: int = 0
     errors: list[str] = field(default_factory=list)  # the server's ERROR messages
     metadata: list[dict] = field(default_factory=list)
+    said: list[dict] = field(default_factory=list)  # the SAY messages (word events)
     close_code: int | None = None
     round_trip_ms: list[float] = field(default_factory=list)  # per answer frame
     kinds: list[int] = field(default_factory=list)  # kinds of every message, in order
@@ -148,12 +149,14 @@ class ClientResult:
 async def talk(url: str, pages: list[bytes], query: str = "", pace: float | None = FRAME_S,
                wait_handshake: bool = True, tail_s: float = 1.0, headers: dict | None = None,
                handshake_timeout: float = 30.0, until_frames: int | None = None,
-               start: "asyncio.Barrier | None" = None, keep: bool = False) -> ClientResult:
-    """One client: connects to `url` (http://host:port/), waits for the handshake, sends one
-    audio message per page chunk every `pace` seconds (None: as fast as it can), keeps reading
-    `tail_s` more (or until `until_frames` answer frames came, if sooner), then closes. With
-    `start`, the clients sharing that barrier begin streaming together, after every handshake.
-    Answers are decoded with sphn, as moshi's client does (`keep`: kept as PCM16)."""
+               start: "asyncio.Barrier | None" = None, first: tuple[bytes, ...] = (),
+               keep: bool = False) -> ClientResult:
+    """One client: connects to `url` (http://host:port/), waits for the handshake, sends the
+    messages `first` (a SAY, say), then one audio message per page chunk every `pace` seconds
+    (None: as fast as it can), keeps reading `tail_s` more (or until `until_frames` answer
+    frames came, if sooner), then closes. With `start`, the clients sharing that barrier begin
+    streaming together, after every handshake. Answers are decoded with sphn, as moshi's
+    client does (`keep`: kept as PCM16)."""
     import aiohttp
     import sphn
 
@@ -192,6 +195,8 @@ async def talk(url: str, pages: list[bytes], query: str = "", pace: float | None
                     res.pieces += 1
                 elif kind == 4:
                     res.metadata.append(json.loads(payload))
+                elif kind == 8:
+                    res.said.append(json.loads(payload))
                 elif kind == 5:
                     res.errors.append(payload.decode())
             res.close_code = ws.close_code
@@ -201,6 +206,8 @@ async def talk(url: str, pages: list[bytes], query: str = "", pace: float | None
                 await asyncio.wait_for(asyncio.shield(handshake.wait()), handshake_timeout)
             if start is not None:
                 await asyncio.wait_for(start.wait(), handshake_timeout)
+            for message in first:
+                await ws.send_bytes(message)
             t0 = time.perf_counter()
             for i, chunk in enumerate(pages):
                 if ws.closed:

@@ -238,13 +238,20 @@ def cmd_run(args) -> int:
     from .runtime.text import Transcript, write_records
 
     pcm = read_audio(args.input)  # before the model loads: a bad file fails fast
+    from .runtime.say import said_line, timed_says
+
+    says = timed_says(args.say, args.say_at)
     model, conv = _conversation(args)
     if args.realtime:
         from .runtime.audio_io.paced_file import run_paced
+        from .runtime.say import SayPlan
 
         transcript = Transcript(model.text, records=bool(args.text_out))
+        plan = SayPlan(says, model.sample_rate / model.frame_size)
 
         def step(frame):
+            for words in plan.arrivals(conv.position - conv.prompt_frames):
+                conv.say(words)
             audio, token = conv.core.step(frame)
             transcript.add(token)
             return audio
@@ -253,7 +260,7 @@ def cmd_run(args) -> int:
                               max_backlog_frames=args.max_backlog_frames, on_tick=_LiveStatus())
         text, records = transcript.text, transcript.records
     else:
-        response = conv.respond(pcm)
+        response = conv.respond(pcm, say=says)
         out, text, records = response.pcm, response.text, response.records
     write_audio(args.output, out[:pcm.shape[0]])
     if args.text_out:
@@ -261,6 +268,9 @@ def cmd_run(args) -> int:
     if args.realtime:
         _live_summary(loop, conv)  # first: it ends the status line the transcript would join
     print(text or "(no text)")
+    if says:
+        conv.cancel_say()  # the input is over: what was not reached is reported as such
+        print(said_line(conv.say_events(), conv.prompt_frames), file=sys.stderr)
     if not args.realtime:
         print(format_summary(conv.metrics.summary()))
     return 0
@@ -553,6 +563,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--input", required=True, help="what the user says (audio file)")
     r.add_argument("--output", required=True, help="the model's answer (24 kHz wav, same length)")
     r.add_argument("--text-out", help="per-frame text as JSON (piece, \"PAD\" or \"EPAD\")")
+    r.add_argument("--say", action="append", metavar="TEXT",
+                   help="words the model says, in its voice, through its text stream (may be "
+                        "repeated; docs/say.md)")
+    r.add_argument("--say-at", action="append", type=float, metavar="SECONDS",
+                   help="when the --say before it arrives: the step ceil(SECONDS x 12.5) of the "
+                        "input, 0 being the first frame after the persona (default 0)")
     r.add_argument("--realtime", action="store_true",
                    help="play the input through the live loop at the pace of a microphone "
                         "(drops and underruns as live; no sound device needed)")

@@ -132,7 +132,8 @@ async def _converse(state: ServerState, wire: Wire, ws: web.WebSocketResponse,
     session = wire.open_session(peer=peer, max_backlog=state.max_backlog,
                                 send_queue=state.send_queue, sample_rate=model.sample_rate,
                                 frame_size=model.frame_size, wake=state.ticker.wake,
-                                piece=model.text.piece, max_ahead_s=state.max_ahead_s)
+                                piece=model.text.piece, max_ahead_s=state.max_ahead_s,
+                                call=state.ticker.call)
     state.sessions.add(session)
     prefill: Future | None = None
     reason: str | None = None
@@ -154,6 +155,7 @@ async def _converse(state: ServerState, wire: Wire, ws: web.WebSocketResponse,
         log.info("session %d (%s, %s): open, persona %s in %.2f s%s", session.id, peer,
                  wire.name, session.params.persona.voice or "default",
                  session.conv.prefill_seconds, " (cached)" if session.conv.persona_cached else "")
+        session.conversation_ready()
         state.ticker.attach(session)
         tasks.extend(asyncio.create_task(c) for c in wire.extra_tasks(session))
         reason, code = await session.ended

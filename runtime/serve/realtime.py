@@ -12,10 +12,17 @@
     response's done events, then close 1001.
 
 The model listens and speaks at once, so the turn-based events change nothing here: commit,
-clear and the conversation.item.* events are read and let go, response.create opens a response
-at the next frame when none is open, response.cancel ends the open one (status `cancelled`) and
-its audio stops until the model starts a new word. A bad event is one `error` event; the
-session goes on.
+clear and the other conversation.item.* events are read and let go, response.create opens a
+response at the next frame when none is open, response.cancel ends the open one (status
+`cancelled`) and its audio stops until the model starts a new word. A bad event is one `error`
+event; the session goes on.
+
+What an app has the model say (runtime/say.py) is an assistant message: conversation.item.create
+with an assistant item's text (echoed as an added item), then response.create. That response
+closes the open one and carries the words: it is done (`completed`) two frames after the last
+word's last token, when the frame that holds it has gone out, and the model's own speech goes on
+in a new response; response.cancel drops the words not started (the one being spoken ends at its
+end) and ends it `cancelled`.
 """
 
 from __future__ import annotations
@@ -32,9 +39,10 @@ from personaplex_edge.audio import pcm16_bytes
 from ..pcm_frames import PCM16, PcmFrames
 from .lifecycle import Wire, serve_websocket
 from .params import MAX_TEXT_PROMPT_CHARS, ChatParams, ParamError
+from ..say import SayEvent, Utterance
 from .realtime_events import (MAX_EVENT_BYTES, EventError, Response, ServerEvents,
-                              SessionUpdate, SessionView, audio_bytes, beta_requested, new_id,
-                              parse, parse_session_update)
+                              SessionUpdate, SessionView, assistant_item, audio_bytes,
+                              beta_requested, new_id, parse, parse_session_update)
 from .session import Session
 
 # seconds a client that streams before any session.update has to send one: pipecat, say, sends
@@ -54,6 +62,10 @@ class RealtimeSession(Session):
         self.frames = PcmFrames(self.frame_size)
         self.response: Response | None = None
         self._open_next = True  # the next answer frame opens a response, speech or not
+        self._to_say: list[str] = []  # assistant text items waiting for response.create
+        self._saying = False  # the open (or next) response carries words the client gave
+        self._utterance: int | None = None  # the say() behind it, once the tick thread took it
+        self._closing: int | None = None  # answer frames until that response is done
 
     def receive_audio(self, data: bytes) -> int:
         """An append's bytes -> whole frames into the backlog; returns the frames dropped.
@@ -82,13 +94,44 @@ class RealtimeSession(Session):
             self.response.transcript.append(piece)
             self.send(self.events.transcript_delta(self.response, piece))
         self.send(self.events.audio_delta(self.response, pcm16_bytes(pcm)))
+        if self._closing is not None:
+            self._closing -= 1
+            if self._closing <= 0:  # the said words' response is done; the model goes on
+                for event in self.close_response("completed", None):
+                    self.send(event)
+                self._saying, self._closing, self._open_next = False, None, True
+
+    def add_assistant_text(self, text: str) -> None:
+        self._to_say.append(text)
 
     def want_response(self) -> None:
-        """response.create: while one is open it is that one; else the next frame opens one."""
-        if self.response is None:
-            self._open_next = True
+        """response.create: with assistant text waiting, a response that says it; else, while
+        one is open it is that one, and without one the next frame opens one."""
+        text = " ".join(self._to_say).strip()
+        self._to_say = []
+        if not text:
+            if self.response is None:
+                self._open_next = True
+            return
+        for event in self.close_response("completed", None):
+            self.send(event)
+        self._open_next, self._saying, self._utterance, self._closing = True, True, None, None
+        self.with_conversation(lambda conv: conv.say(text), self._said)
+
+    def _said(self, utterance: Utterance) -> None:
+        if self._saying:  # not cancelled meanwhile
+            self._utterance = utterance.id
+            if not utterance.words:  # nothing to wait for
+                self._closing = 1
+
+    def _word(self, event: SayEvent) -> None:
+        if self._saying and event.utterance == self._utterance and event.last:
+            self._closing = 2  # the frame holding its last token goes out with the next answer
 
     def cancel_response(self) -> None:
+        if self._saying:
+            self.with_conversation(lambda conv: conv.cancel_say())
+            self._saying, self._utterance, self._closing = False, None, None
         if self.response is not None:
             for event in self.close_response("cancelled", {"type": "cancelled",
                                                            "reason": "client_cancelled"}):
@@ -186,7 +229,14 @@ class RealtimeWire(Wire):
         elif kind == "input_audio_buffer.clear":
             # what was appended has been heard already: there is no buffer to clear
             session.send(self.events.input_cleared())
-        # commit, output_audio_buffer.clear, conversation.item.*: nothing to do in full duplex
+        elif kind == "conversation.item.create":
+            item = assistant_item(event)
+            if item is not None:  # words for the next response.create to say
+                session.add_assistant_text(item[1])
+                for out in self.events.item_created(*item):
+                    session.send(out)
+        # commit, output_audio_buffer.clear, other conversation.item.*: nothing to do in
+        # full duplex
 
     def _update(self, session: RealtimeSession, update: SessionUpdate) -> None:
         """Formats apply at once; instructions and voice only until the persona is fixed (the

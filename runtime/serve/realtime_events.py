@@ -84,6 +84,27 @@ def audio_bytes(event: dict) -> bytes:
                          event_id=event.get("event_id")) from None
 
 
+def assistant_item(event: dict) -> tuple[str, str] | None:
+    """A `conversation.item.create` of an assistant message -> (its id, its text: the text or
+    transcript of its content parts, joined); None for any other item (user, system, tool
+    items are let go: the model hears only audio). EventError for a malformed one."""
+    item = event.get("item")
+    if not isinstance(item, dict):
+        raise EventError("conversation.item.create needs an `item` object", param="item",
+                         event_id=event.get("event_id"))
+    if item.get("type", "message") != "message" or item.get("role") != "assistant":
+        return None
+    content = item.get("content")
+    parts = content if isinstance(content, list) else []
+    texts = [p.get("text", p.get("transcript")) for p in parts if isinstance(p, dict)]
+    if not texts or not all(isinstance(t, str) for t in texts):
+        raise EventError("an assistant item to say holds content parts with a string `text` "
+                         '(e.g. [{"type": "output_text", "text": "Your tea is ready."}])',
+                         param="item.content", event_id=event.get("event_id"))
+    item_id = item.get("id") if isinstance(item.get("id"), str) else new_id("item")
+    return item_id, " ".join(texts)
+
+
 @dataclass(frozen=True)
 class SessionUpdate:
     """The fields of a `session.update` this server honours (None: not given). The rest
@@ -168,13 +189,15 @@ class Dialect:
     item_added: str
     item_done: str | None  # the beta has no such event
     content_type: str  # of the assistant item's audio content
+    text_type: str  # of an assistant item's text content
 
 
 GA = Dialect("response.output_audio.delta", "response.output_audio.done",
              "response.output_audio_transcript.delta", "response.output_audio_transcript.done",
-             "conversation.item.added", "conversation.item.done", "output_audio")
+             "conversation.item.added", "conversation.item.done", "output_audio", "output_text")
 BETA = Dialect("response.audio.delta", "response.audio.done", "response.audio_transcript.delta",
-               "response.audio_transcript.done", "conversation.item.created", None, "audio")
+               "response.audio_transcript.done", "conversation.item.created", None, "audio",
+               "text")
 
 
 def new_id(prefix: str) -> str:
@@ -247,6 +270,16 @@ class ServerEvents:
 
     def input_cleared(self) -> str:
         return self._encode("input_audio_buffer.cleared")
+
+    def item_created(self, item_id: str, text: str) -> list[str]:
+        """A client's assistant text item, taken into the conversation."""
+        item = {"id": item_id, "object": "realtime.item", "type": "message",
+                "role": "assistant", "status": "completed",
+                "content": [{"type": self.names.text_type, "text": text}]}
+        events = [self._encode(self.names.item_added, previous_item_id=None, item=item)]
+        if self.names.item_done is not None:
+            events.append(self._encode(self.names.item_done, previous_item_id=None, item=item))
+        return events
 
     # -- the response -----------------------------------------------------------------------------
     def _item(self, r: Response, status: str, transcript: str | None = None) -> dict:
