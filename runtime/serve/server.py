@@ -29,7 +29,7 @@ from personaplex_edge.runtime.sampling import SamplingParams
 
 from .app import build_app
 from .auth import parse_allowed_origins
-from .opus import check_sphn
+from .opus import check_opus
 from .params import MAX_TEXT_PROMPT_CHARS, Voices
 from .session import MAX_AHEAD_S
 from .state import ServerState
@@ -95,7 +95,7 @@ class Server:
 
     def __init__(self, options: ServeOptions, model=None,
                  progress: Callable[[str], None] = print):
-        check_sphn()
+        check_opus()
         self.options = options
         self.say = progress
         if options.max_sessions < 1:
