@@ -75,7 +75,7 @@ def opus_round_trip(pages: list[bytes]) -> np.ndarray:
     feeds it)."""
     import sphn
 
-    from personaplex_edge.runtime.serve.opus import ogg_pages
+    from personaplex_edge.runtime.serve.ogg import ogg_pages
 
     reader = sphn.OpusStreamReader(RATE)
     out = [np.asarray(reader.append_bytes(page), np.float32)
@@ -127,7 +127,7 @@ class ClientResult:
     status: int | None = None  # HTTP status when the upgrade was refused
     # /v1/realtime: every event in order (audio deltas without their audio), if kept
     events: list[dict] = field(default_factory=list)
-    audio: bytes = b""  # /v1/realtime: the answer's PCM16, if kept
+    audio: bytes = b""  # the answer's PCM16, if kept
 
     def heard(self, samples: int, sent_at: list[float]) -> None:
         """`samples` more of the answer arrived now: each answer frame they complete is paired
@@ -149,19 +149,22 @@ class ClientResult:
 async def talk(url: str, pages: list[bytes], query: str = "", pace: float | None = FRAME_S,
                wait_handshake: bool = True, tail_s: float = 1.0, headers: dict | None = None,
                handshake_timeout: float = 30.0, until_frames: int | None = None,
-               start: "asyncio.Barrier | None" = None, first: tuple[bytes, ...] = ()
-               ) -> ClientResult:
+               start: "asyncio.Barrier | None" = None, first: tuple[bytes, ...] = (),
+               keep: bool = False) -> ClientResult:
     """One client: connects to `url` (http://host:port/), waits for the handshake, sends the
     messages `first` (a SAY, say), then one audio message per page chunk every `pace` seconds
     (None: as fast as it can), keeps reading `tail_s` more (or until `until_frames` answer
     frames came, if sooner), then closes. With `start`, the clients sharing that barrier begin
     streaming together, after every handshake. Answers are decoded with sphn, as moshi's
-    client does."""
+    client does (`keep`: kept as PCM16)."""
     import aiohttp
     import sphn
 
+    from personaplex_edge.audio import pcm16_bytes
+
     res = ClientResult()
     reader = sphn.OpusStreamReader(RATE)
+    audio = bytearray()
     sent_at: list[float] = []
     ws_url = url.replace("http", "ws", 1).rstrip("/") + "/api/chat" + query
     t_connect = time.perf_counter()
@@ -183,7 +186,10 @@ async def talk(url: str, pages: list[bytes], query: str = "", pace: float | None
                     res.handshake_s = time.perf_counter() - t_connect
                     handshake.set()
                 elif kind == 1:
-                    res.heard(len(reader.append_bytes(payload)), sent_at)
+                    pcm = np.asarray(reader.append_bytes(payload), np.float32)
+                    res.heard(pcm.shape[0], sent_at)
+                    if keep:
+                        audio.extend(pcm16_bytes(pcm))
                 elif kind == 2:
                     res.text += payload.decode()
                     res.pieces += 1
@@ -215,6 +221,7 @@ async def talk(url: str, pages: list[bytes], query: str = "", pace: float | None
 
         await _converse(ws, asyncio.create_task(receive()), stream(), res, tail_s,
                         until_frames)
+    res.audio = bytes(audio)
     return res
 
 

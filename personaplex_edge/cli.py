@@ -30,13 +30,16 @@ def _note(message: str) -> None:
 
 def _need_serve_extra() -> None:
     # checked before the server's modules are imported: they import these at their top
-    for module in ("aiohttp", "sphn", "prometheus_client"):
+    for module in ("aiohttp", "prometheus_client"):
         try:
             __import__(module)
         except ImportError:
             raise PersonaPlexError(
                 f"serve needs the serve extra ({module} is missing): pip install "
                 '"personaplex-edge[serve]"') from None
+    from .runtime.serve.opus import check_opus  # Opus is the system's libopus
+
+    check_opus()
 
 
 def cmd_export(args) -> int:

@@ -176,14 +176,16 @@ def test_the_api_page_python_runs_as_written(pulse_env, demo_model_dir, tmp_path
 
     from personaplex_edge.model_ref import BUILTIN_RECIPE, RECIPE_FILE
 
-    demo = tmp_path / "models" / "demo"  # the built-in as its first use leaves it, by links
+    cache = tmp_path / "cache"
+    demo = cache / "models" / "demo"  # the built-in as its first use leaves it, by links
     demo.mkdir(parents=True)
     for f in demo_model_dir.iterdir():
         (demo / f.name).symlink_to(f)
     (demo / RECIPE_FILE).write_text(BUILTIN_RECIPE)
     write_audio(tmp_path / "question.wav", read_audio(bundled_speech()))
     done = subprocess.run([sys.executable, "-c", _api_page_python()], cwd=tmp_path,
-                          env=pulse_env, capture_output=True, text=True, timeout=180)
+                          env={**pulse_env, "PERSONAPLEX_CACHE": str(cache)},
+                          capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     question, _ = sf.read(tmp_path / "question.wav")
     answer, rate = sf.read(tmp_path / "answer.wav")

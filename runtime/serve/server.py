@@ -30,7 +30,7 @@ from personaplex_edge.runtime.sampling import SamplingParams
 from .app import build_app
 from .auth import parse_allowed_origins
 from .hosts import HostRule, parse_allowed_hosts
-from .opus import check_sphn
+from .opus import check_opus
 from .params import MAX_TEXT_PROMPT_CHARS, Voices
 from .session import MAX_AHEAD_S
 from .state import ServerState
@@ -98,7 +98,7 @@ class Server:
 
     def __init__(self, options: ServeOptions, model=None,
                  progress: Callable[[str], None] = print):
-        check_sphn()
+        check_opus()
         self.options = options
         self.say = progress
         if options.max_sessions < 1:
