@@ -26,7 +26,7 @@ def _toml():
     """The TOML parser: the standard library's from 3.11, the `tomli` package it came from on
     3.10 (JetPack 6); imported only when a file is read, so the CLI starts without it."""
     if sys.version_info >= (3, 11):
-        import tomllib
+        import tomllib  # novermin (reached on 3.11 and later only)
         return tomllib
     try:
         import tomli
