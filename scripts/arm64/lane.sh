@@ -153,11 +153,26 @@ cp "$ROOT"/tmp/answers/*.pcm16 "$ROOT"/tmp/answers/*.txt "$WORK/arm64/"
 
 SERVE_FLAGS=(serve --model demo --greedy --max-backlog-frames 100000)
 server_pid=""
+tree() { # tree PID: PID and every process below it, children first
+    local child
+    for child in $(pgrep -P "$1"); do tree "$child"; done
+    echo "$1"
+}
+alive() { # alive PID...: whether any of them still runs
+    local pid
+    for pid in "$@"; do kill -0 "$pid" 2>/dev/null && return 0; done
+    return 1
+}
 stop_server() {
+    # the arm64 server runs under the background subshell and unshare: Ctrl-C goes to every
+    # process of that tree, or the server would outlive them on its port
     if [ -n "$server_pid" ] && kill -0 "$server_pid" 2>/dev/null; then
-        kill -INT "$server_pid" 2>/dev/null || true
-        for _ in $(seq 100); do kill -0 "$server_pid" 2>/dev/null || break; sleep 0.2; done
-        kill -KILL "$server_pid" 2>/dev/null || true
+        local pids
+        pids=$(tree "$server_pid")
+        kill -INT $pids 2>/dev/null || true
+        for _ in $(seq 100); do alive $pids || break; sleep 0.2; done
+        kill -KILL $pids 2>/dev/null || true
+        wait "$server_pid" 2>/dev/null || true
     fi
     server_pid=""
 }
