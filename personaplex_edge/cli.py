@@ -452,13 +452,18 @@ def cmd_serve(args) -> int:
         model_dir=model_dir, model_name=args.model if not Path(args.model).is_dir()
         else model_dir.name, host=args.host, port=args.port, max_sessions=args.max_sessions,
         ssl_dir=Path(args.ssl) if args.ssl else None, auth_token=args.auth_token,
-        allowed_origins=tuple(args.allowed_origins.split(",")) if args.allowed_origins else (),
+        allowed_origins=_listed(args.allowed_origins), allowed_hosts=_listed(args.allowed_hosts),
         voice_dir=Path(args.voice_dir) if args.voice_dir else None, sampling=_sampling(args),
         persona=Persona(text_prompt=args.text_prompt, voice=args.voice_prompt,
                         enabled=not args.no_persona),
         max_backlog=args.max_backlog_frames, device=args.device, threads=args.threads,
         persona_cache=_persona_cache(args, _note)),
         progress=_note)
+
+
+def _listed(value: str | None) -> tuple[str, ...]:
+    """A comma-separated flag's entries."""
+    return tuple(value.split(",")) if value else ()
 
 
 def _add_runtime_args(p: argparse.ArgumentParser) -> None:
@@ -695,6 +700,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="browser pages that may open the WebSockets besides the server's own, "
                         "comma-separated (http://localhost:3000,https://app.example.com; *: "
                         "any); clients that send no Origin (SDKs) are not affected")
+    v.add_argument("--allowed-hosts", metavar="NAMES",
+                   default=os.environ.get("PERSONAPLEX_ALLOWED_HOSTS"),
+                   help="host names the page and the WebSockets answer to besides localhost, "
+                        "--host and (bound beyond loopback) this machine's names and addresses, "
+                        "comma-separated (voice.example.com; *: any, behind a balancer)")
     v.add_argument("--voice-dir", help="recordings clients may name as voice_prompt, besides the "
                                        "voice bank")
     _add_backlog_arg(v)
@@ -705,13 +715,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """A command line as a user types it (SystemExit, with the usage, where it is wrong)."""
+    argv = list(argv)
     # the reference's habit: `--mic` instead of a subcommand (`aec --mic FILE` is an option)
     if "--mic" in argv and argv[0] != "aec":
         argv.remove("--mic")
         argv.insert(0, "mic")
-    args = build_parser().parse_args(argv)
+    return build_parser().parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         return args.func(args)
     except PersonaPlexError as e:

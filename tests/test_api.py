@@ -1,7 +1,7 @@
 """The public Python API (`import personaplex_edge as pe`): a light import, the same answer
 as `personaplex-edge run`, conversations on one model independent of each other, asyncio, and
 one exception type whose messages name the fix. (Its live loop on sound devices, and the
-README's Python section run as written: tests/test_live_audio.py.)"""
+the manual's API page run as written: tests/test_live_audio.py.)"""
 
 from __future__ import annotations
 

@@ -154,20 +154,21 @@ def test_open_speaker_echo_is_cancelled_against_aec_off(echo_env, demo_model_dir
     assert _heard_db(on) <= _heard_db(off) - 10.0, (on, off)
 
 
-def _readme_python_section() -> str:
+def _api_page_python() -> str:
+    """The Python blocks of the manual's API page (the README's is one of them:
+    tests/test_docs.py), in order."""
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = text.split("\n## Python API\n", 1)[1].split("\n## ", 1)[0]
-    blocks = [b.split("```", 1)[0] for b in section.split("```python\n")[1:]]
-    assert len(blocks) >= 3, "the README's Python section lost its examples"
+    text = (Path(__file__).resolve().parents[1] / "docs" / "python-api.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
+    assert len(blocks) >= 3, "the API page lost its examples"
     return "\n".join(blocks)
 
 
-def test_the_readme_python_section_runs_as_written(pulse_env, demo_model_dir, tmp_path):
-    """Every Python block of the README's API section, in order, in one process: on the
-    built-in demo model (found where `pe.load("demo")` looks), a question.wav beside it, and
-    the sound devices of the test's PulseAudio for the live block."""
+def test_the_api_page_python_runs_as_written(pulse_env, demo_model_dir, tmp_path):
+    """Every Python block of docs/python-api.md, in order, in one process: on the built-in
+    demo model (found where `pe.load("demo")` looks), a question.wav beside it, and the sound
+    devices of the test's PulseAudio for the live block."""
     import soundfile as sf
 
     from personaplex_edge.audio import read_audio, write_audio
@@ -182,7 +183,7 @@ def test_the_readme_python_section_runs_as_written(pulse_env, demo_model_dir, tm
         (demo / f.name).symlink_to(f)
     (demo / RECIPE_FILE).write_text(BUILTIN_RECIPE)
     write_audio(tmp_path / "question.wav", read_audio(bundled_speech()))
-    done = subprocess.run([sys.executable, "-c", _readme_python_section()], cwd=tmp_path,
+    done = subprocess.run([sys.executable, "-c", _api_page_python()], cwd=tmp_path,
                           env={**pulse_env, "PERSONAPLEX_CACHE": str(cache)},
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]

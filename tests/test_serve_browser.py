@@ -6,7 +6,7 @@ the session's latency and drops from the server's metadata.
 
 Without chromium the test is skipped, unless PERSONAPLEX_REQUIRE_BROWSER=1 (CI) makes that a
 failure. PERSONAPLEX_SCREENSHOT=PATH keeps a screenshot of the page mid-conversation there
-(the README's docs/serve.png)."""
+(docs/serve.png, on the README and the serve page)."""
 
 from __future__ import annotations
 

@@ -146,3 +146,31 @@ def test_the_token_from_the_environment_guards_the_chat(demo_model_dir):
     assert without.status == 401 and without.kinds == []
     assert with_token.kinds[:1] == [0] and not with_token.errors
     assert rc == 0
+
+
+def test_allowed_hosts_from_the_environment_and_a_bad_one(demo_model_dir):
+    """$PERSONAPLEX_ALLOWED_HOSTS reaches the server (a proxy's name is served, another name
+    is 403); a value that is not a host name stops the command with exit 2, before loading."""
+    import aiohttp
+
+    proc, url = start_serve(demo_model_dir, env={"PERSONAPLEX_ALLOWED_HOSTS": "voice.example"})
+    try:
+        async def page(host):
+            async with aiohttp.ClientSession() as http:
+                async with http.get(url, headers={"Host": host}) as r:
+                    return r.status, await r.text()
+
+        async def scene():
+            return await page("voice.example"), await page("evil.example:8998")
+
+        (ok, _), (refused, why) = asyncio.run(scene())
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=20)
+    assert (ok, refused, rc) == (200, 403, 0)
+    assert "--allowed-hosts evil.example" in why
+    bad = subprocess.run([sys.executable, "-m", "personaplex_edge.cli", "serve", "--model",
+                          str(demo_model_dir), "--allowed-hosts", "https://voice.example"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "--allowed-hosts: 'https://voice.example' is not a host name" in bad.stderr

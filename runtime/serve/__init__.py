@@ -17,6 +17,7 @@ ctypes, prometheus-client (the `/metrics` text) and the runtime - never torch.
     realtime         the /v1/realtime protocol on that life
     ticker           the one thread that steps every conversation (lockstep, via step_many)
     stats            Prometheus metrics of the server
+    hosts            the names the server answers to: the Host allow list (DNS rebinding)
     auth             who may open a WebSocket: the browser origin and the --auth-token
     app              the aiohttp application: routes, health, voices, the page
     server           load the model, serve until a signal, close every session

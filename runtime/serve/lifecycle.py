@@ -1,12 +1,13 @@
 """One WebSocket's life, whatever its wire protocol: the same checks, slots, persona prefill,
 tick thread, metrics and logs for `/api/chat` (chat.py) and `/v1/realtime` (realtime.py).
 
-    origin check (403)  ->  token check (401)  ->  upgrade  ->  a free slot, or the protocol's
-    refusal and close 1013 (1001 while stopping)  ->  the session's persona (the protocol says
-    when it is known)  ->  its conversation opened and prefilled on the prefill thread  ->  the
-    protocol's "ready" message  ->  audio in / answers out, until the client leaves, sends what
-    ends its session, stops reading, or the server stops  ->  the protocol's last words, close,
-    the row and the slot freed.
+    (the host check, app.py's middleware: 403)  ->  origin check (403)  ->  token check
+    (401)  ->  upgrade  ->  a free slot, or the protocol's refusal and close 1013 (1001 while
+    stopping)  ->  the session's persona (the protocol says when it is known)  ->  its
+    conversation opened and prefilled on the prefill thread  ->  the protocol's "ready"
+    message  ->  audio in / answers out, until the client leaves, sends what ends its session,
+    stops reading, or the server stops  ->  the protocol's last words, close, the row and the
+    slot freed.
 
 A protocol is a `Wire`: it builds its `Session` subclass, reads the client's messages, and
 encodes its refusals, its ready message and its last words. Reading starts at the upgrade, so a

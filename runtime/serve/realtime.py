@@ -3,9 +3,11 @@
 (the openai SDK, pipecat, LiveKit) can talk to a local PersonaPlex. The query (`model`,
 `duplex`, ...) is accepted and ignored.
 
-    session.created at once  ->  the persona: the first session.update's instructions and
-    voice, or the server's defaults when audio comes and no update follows within GRACE_S
-    ->  its prefill  ->  session.updated (audio sent before it is dropped, but for its last
+    session.created at once  ->  the persona: the instructions and voice of the session.update
+    events sent before it is fixed, merged (an AgentSession sends its voice and its
+    instructions in two), fixed when audio comes after one or SETTLE_S after the first; the
+    server's defaults when audio comes and no update follows within GRACE_S  ->  its prefill
+    ->  session.updated (audio sent before it is dropped, but for its last
     frame)  ->  PCM appends in, re-framed into 1920-sample steps  ->  one response out while
     the model speaks: response.created, the assistant item, then per answer frame a
     transcript delta (if the frame has a text piece) and an audio delta  ->  on Ctrl-C the
@@ -28,6 +30,7 @@ end) and ends it `cancelled`.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import replace
 from pathlib import Path
 
@@ -45,9 +48,19 @@ from .realtime_events import (MAX_EVENT_BYTES, EventError, Response, ServerEvent
                               beta_requested, new_id, parse, parse_session_update)
 from .session import Session
 
+log = logging.getLogger("personaplex_edge.serve")
+
 # seconds a client that streams before any session.update has to send one: pipecat, say, sends
 # its update when session.created arrives, while its audio may already be flowing
 GRACE_S = 0.5
+# seconds after a first session.update that the persona stays open to more updates, when no
+# audio comes first: a client that waits for session.updated before streaming waits this long
+SETTLE_S = 0.1
+# OpenAI's own voices: a framework's default (LiveKit's `marin`) more often than a choice. The
+# bank's default voice speaks instead, said in the log and named in session.updated; any other
+# name this model lacks is an error (a typo of a bank voice should not pass unnoticed).
+OPENAI_VOICES = frozenset({"alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer",
+                           "verse", "marin", "cedar"})
 
 
 class RealtimeSession(Session):
@@ -93,6 +106,7 @@ class RealtimeSession(Session):
         if piece:
             self.response.transcript.append(piece)
             self.send(self.events.transcript_delta(self.response, piece))
+        self.response.frames += 1
         self.send(self.events.audio_delta(self.response, pcm16_bytes(pcm)))
         if self._closing is not None:
             self._closing -= 1
@@ -161,8 +175,10 @@ class RealtimeWire(Wire):
                                 instructions=state.persona.text_prompt or "",
                                 voice=state.default_voice)
         self._persona: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._pending: ChatParams | None = None  # the updates' persona, until it is fixed
+        self._heard = False  # audio has come
         self._updates_unanswered = 0  # session.update events waiting for the persona
-        self._grace: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | None = None  # GRACE_S or SETTLE_S
 
     def refusal(self, reason: str, stopping: bool) -> list[bytes | str]:
         if stopping:
@@ -193,8 +209,8 @@ class RealtimeWire(Wire):
             "type": kind, "message": reason}}) + [self.events.error(reason, kind)]
 
     def close_session(self, session: Session) -> None:
-        if self._grace is not None:
-            self._grace.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
 
     # -- the client's events ----------------------------------------------------------------------
     def receive(self, session: RealtimeSession, msg: WSMessage) -> None:
@@ -218,8 +234,11 @@ class RealtimeWire(Wire):
             dropped = session.receive_audio(audio_bytes(event))
             if dropped:
                 self.state.stats.dropped.inc(dropped)
-            if not self._persona.done() and self._grace is None:
-                self._grace = asyncio.get_running_loop().call_later(GRACE_S, self._defaults)
+            self._heard = True
+            if self._pending is not None:
+                self._fix()
+            elif self._timer is None:
+                self._timer = asyncio.get_running_loop().call_later(GRACE_S, self._fix)
         elif kind == "session.update":
             self._update(session, parse_session_update(event))
         elif kind == "response.create":
@@ -239,23 +258,28 @@ class RealtimeWire(Wire):
         # full duplex
 
     def _update(self, session: RealtimeSession, update: SessionUpdate) -> None:
-        """Formats apply at once; instructions and voice only until the persona is fixed (the
-        first update, or the defaults after the grace); then the effective session is echoed."""
-        params = None if self._persona.done() else self._params(update)  # EventError first
+        """Formats apply at once; instructions and voice only until the persona is fixed;
+        the effective session is echoed once the persona is ready."""
+        params = None if self._persona.done() else self._params(session, update)  # EventError
         if update.input_format is not None:
             session.set_input_format(update.input_format)
             self.view.input_format = update.input_format
         if params is not None:
-            self._persona.set_result(params)
+            self._pending = params
+            if self._heard:  # the client streams already: no later update to wait for
+                self._fix()
+            elif self._timer is None:
+                self._timer = asyncio.get_running_loop().call_later(SETTLE_S, self._fix)
         if session.conv is not None:
             session.send(self.events.session_updated(self.view))
         else:
             self._updates_unanswered += 1
 
-    def _params(self, update: SessionUpdate) -> ChatParams:
-        """The update's persona over the server's defaults; EventError naming a bad field.
-        The view shows it once it is valid."""
-        state, persona = self.state, self.state.persona
+    def _params(self, session: Session, update: SessionUpdate) -> ChatParams:
+        """The update's persona over the earlier updates' (or the server's defaults);
+        EventError naming a bad field. The view shows it once it is valid."""
+        state = self.state
+        persona = (self._pending.persona if self._pending is not None else state.persona)
         view = {}
         if update.instructions is not None:
             if len(update.instructions) > MAX_TEXT_PROMPT_CHARS:
@@ -268,16 +292,27 @@ class RealtimeWire(Wire):
             try:
                 voice = state.voices.resolve(update.voice)
             except ParamError as e:
-                raise EventError(f"{update.voice_param}: {e.reason}",
-                                 param=update.voice_param) from None
+                if update.voice.strip().lower() not in OPENAI_VOICES:
+                    raise EventError(f"{update.voice_param}: {e.reason}",
+                                     param=update.voice_param) from None
+                log.warning("session %d (%s, realtime): voice %r is OpenAI's, not in this "
+                            "model's bank: %s speaks instead (name one of /api/voices)",
+                            session.id, session.peer, update.voice,
+                            state.default_voice or "the model's default voice")
+                voice = state.persona.voice  # the server's, as if none were named
             persona = replace(persona, voice=voice)
-            view["voice"] = Path(voice).name  # a --voice-dir file by its name, never its path
+            # a --voice-dir file by its name, never its path
+            view["voice"] = Path(voice).name if voice else state.default_voice
         self.view = replace(self.view, **view)
         return ChatParams(state.sampling, persona)
 
-    def _defaults(self) -> None:
+    def _fix(self) -> None:
+        """The persona is fixed (its prefill starts): the updates' so far, or the server's."""
+        if self._timer is not None:
+            self._timer.cancel()
         if not self._persona.done():
-            self._persona.set_result(ChatParams(self.state.sampling, self.state.persona))
+            self._persona.set_result(self._pending or ChatParams(self.state.sampling,
+                                                                  self.state.persona))
 
 
 async def realtime(request: web.Request) -> web.StreamResponse:

@@ -24,6 +24,8 @@ import json
 import uuid
 from dataclasses import dataclass, field
 
+from personaplex_edge.streams import CODEBOOKS_PER_SPEAKER
+
 from ..pcm_frames import F32, PCM16
 
 RATE = 24000  # Hz, both ways: the model's own rate, and the only one OpenAI's PCM has
@@ -217,16 +219,26 @@ class SessionView:
 
 @dataclass
 class Response:
-    """The one response open while the model speaks: its ids and its transcript so far."""
+    """The one response open while the model speaks: its ids, its transcript so far, and the
+    frames it has answered."""
 
     id: str = field(default_factory=lambda: new_id("resp"))
     item_id: str = field(default_factory=lambda: new_id("item"))
-    transcript: list[str] = field(default_factory=list)
+    transcript: list[str] = field(default_factory=list)  # the text pieces sent
+    frames: int = 0  # answer frames sent, each one step: one frame heard, one spoken
 
-
-_USAGE = {"total_tokens": 0, "input_tokens": 0, "output_tokens": 0,
-          "input_token_details": {"text_tokens": 0, "audio_tokens": 0, "cached_tokens": 0},
-          "output_token_details": {"text_tokens": 0, "audio_tokens": 0}}
+    def usage(self) -> dict:
+        """What the response used, in the shape of OpenAI's `usage`, counted in the model's own
+        tokens: each frame the model reads the user's 8 Mimi codes and writes its own 8
+        (CODEBOOKS_PER_SPEAKER a frame: 100 audio tokens a second each way, so seconds =
+        audio_tokens / 100), and each text piece sent is one text token (padding is none)."""
+        audio = self.frames * CODEBOOKS_PER_SPEAKER
+        text = len(self.transcript)
+        return {"total_tokens": 2 * audio + text, "input_tokens": audio,
+                "output_tokens": audio + text,
+                "input_token_details": {"text_tokens": 0, "audio_tokens": audio,
+                                        "cached_tokens": 0},
+                "output_token_details": {"text_tokens": text, "audio_tokens": audio}}
 
 
 class ServerEvents:
@@ -336,7 +348,7 @@ class ServerEvents:
         if self.names.item_done is not None:
             events.append(self._encode(self.names.item_done, previous_item_id=None, item=item))
         events.append(self._encode("response.done", response=self._response(
-            r, status, [item], status_details=details, usage=_USAGE)))
+            r, status, [item], status_details=details, usage=r.usage())))
         return events
 
 
