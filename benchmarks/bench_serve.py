@@ -75,7 +75,7 @@ def opus_round_trip(pages: list[bytes]) -> np.ndarray:
     feeds it)."""
     import sphn
 
-    from personaplex_edge.runtime.serve.opus import ogg_pages
+    from personaplex_edge.runtime.serve.ogg import ogg_pages
 
     reader = sphn.OpusStreamReader(RATE)
     out = [np.asarray(reader.append_bytes(page), np.float32)
@@ -120,13 +120,14 @@ class ClientResult:
     frames_sent: int = 0
     errors: list[str] = field(default_factory=list)  # the server's ERROR messages
     metadata: list[dict] = field(default_factory=list)
+    said: list[dict] = field(default_factory=list)  # the SAY messages (word events)
     close_code: int | None = None
     round_trip_ms: list[float] = field(default_factory=list)  # per answer frame
     kinds: list[int] = field(default_factory=list)  # kinds of every message, in order
     status: int | None = None  # HTTP status when the upgrade was refused
     # /v1/realtime: every event in order (audio deltas without their audio), if kept
     events: list[dict] = field(default_factory=list)
-    audio: bytes = b""  # /v1/realtime: the answer's PCM16, if kept
+    audio: bytes = b""  # the answer's PCM16, if kept
 
     def heard(self, samples: int, sent_at: list[float]) -> None:
         """`samples` more of the answer arrived now: each answer frame they complete is paired
@@ -148,17 +149,22 @@ class ClientResult:
 async def talk(url: str, pages: list[bytes], query: str = "", pace: float | None = FRAME_S,
                wait_handshake: bool = True, tail_s: float = 1.0, headers: dict | None = None,
                handshake_timeout: float = 30.0, until_frames: int | None = None,
-               start: "asyncio.Barrier | None" = None) -> ClientResult:
-    """One client: connects to `url` (http://host:port/), waits for the handshake, sends one
-    audio message per page chunk every `pace` seconds (None: as fast as it can), keeps reading
-    `tail_s` more (or until `until_frames` answer frames came, if sooner), then closes. With
-    `start`, the clients sharing that barrier begin streaming together, after every handshake.
-    Answers are decoded with sphn, as moshi's client does."""
+               start: "asyncio.Barrier | None" = None, first: tuple[bytes, ...] = (),
+               keep: bool = False) -> ClientResult:
+    """One client: connects to `url` (http://host:port/), waits for the handshake, sends the
+    messages `first` (a SAY, say), then one audio message per page chunk every `pace` seconds
+    (None: as fast as it can), keeps reading `tail_s` more (or until `until_frames` answer
+    frames came, if sooner), then closes. With `start`, the clients sharing that barrier begin
+    streaming together, after every handshake. Answers are decoded with sphn, as moshi's
+    client does (`keep`: kept as PCM16)."""
     import aiohttp
     import sphn
 
+    from personaplex_edge.audio import pcm16_bytes
+
     res = ClientResult()
     reader = sphn.OpusStreamReader(RATE)
+    audio = bytearray()
     sent_at: list[float] = []
     ws_url = url.replace("http", "ws", 1).rstrip("/") + "/api/chat" + query
     t_connect = time.perf_counter()
@@ -180,12 +186,17 @@ async def talk(url: str, pages: list[bytes], query: str = "", pace: float | None
                     res.handshake_s = time.perf_counter() - t_connect
                     handshake.set()
                 elif kind == 1:
-                    res.heard(len(reader.append_bytes(payload)), sent_at)
+                    pcm = np.asarray(reader.append_bytes(payload), np.float32)
+                    res.heard(pcm.shape[0], sent_at)
+                    if keep:
+                        audio.extend(pcm16_bytes(pcm))
                 elif kind == 2:
                     res.text += payload.decode()
                     res.pieces += 1
                 elif kind == 4:
                     res.metadata.append(json.loads(payload))
+                elif kind == 8:
+                    res.said.append(json.loads(payload))
                 elif kind == 5:
                     res.errors.append(payload.decode())
             res.close_code = ws.close_code
@@ -195,6 +206,8 @@ async def talk(url: str, pages: list[bytes], query: str = "", pace: float | None
                 await asyncio.wait_for(asyncio.shield(handshake.wait()), handshake_timeout)
             if start is not None:
                 await asyncio.wait_for(start.wait(), handshake_timeout)
+            for message in first:
+                await ws.send_bytes(message)
             t0 = time.perf_counter()
             for i, chunk in enumerate(pages):
                 if ws.closed:
@@ -208,6 +221,7 @@ async def talk(url: str, pages: list[bytes], query: str = "", pace: float | None
 
         await _converse(ws, asyncio.create_task(receive()), stream(), res, tail_s,
                         until_frames)
+    res.audio = bytes(audio)
     return res
 
 

@@ -30,13 +30,16 @@ def _note(message: str) -> None:
 
 def _need_serve_extra() -> None:
     # checked before the server's modules are imported: they import these at their top
-    for module in ("aiohttp", "sphn", "prometheus_client"):
+    for module in ("aiohttp", "prometheus_client"):
         try:
             __import__(module)
         except ImportError:
             raise PersonaPlexError(
                 f"serve needs the serve extra ({module} is missing): pip install "
                 '"personaplex-edge[serve]"') from None
+    from .runtime.serve.opus import check_opus  # Opus is the system's libopus
+
+    check_opus()
 
 
 def cmd_export(args) -> int:
@@ -235,13 +238,20 @@ def cmd_run(args) -> int:
     from .runtime.text import Transcript, write_records
 
     pcm = read_audio(args.input)  # before the model loads: a bad file fails fast
+    from .runtime.say import said_line, timed_says
+
+    says = timed_says(args.say, args.say_at)
     model, conv = _conversation(args)
     if args.realtime:
         from .runtime.audio_io.paced_file import run_paced
+        from .runtime.say import SayPlan
 
         transcript = Transcript(model.text, records=bool(args.text_out))
+        plan = SayPlan(says, model.sample_rate / model.frame_size)
 
         def step(frame):
+            for words in plan.arrivals(conv.position - conv.prompt_frames):
+                conv.say(words)
             audio, token = conv.core.step(frame)
             transcript.add(token)
             return audio
@@ -250,7 +260,7 @@ def cmd_run(args) -> int:
                               max_backlog_frames=args.max_backlog_frames, on_tick=_LiveStatus())
         text, records = transcript.text, transcript.records
     else:
-        response = conv.respond(pcm)
+        response = conv.respond(pcm, say=says)
         out, text, records = response.pcm, response.text, response.records
     write_audio(args.output, out[:pcm.shape[0]])
     if args.text_out:
@@ -258,6 +268,9 @@ def cmd_run(args) -> int:
     if args.realtime:
         _live_summary(loop, conv)  # first: it ends the status line the transcript would join
     print(text or "(no text)")
+    if says:
+        conv.cancel_say()  # the input is over: what was not reached is reported as such
+        print(said_line(conv.say_events(), conv.prompt_frames), file=sys.stderr)
     if not args.realtime:
         print(format_summary(conv.metrics.summary()))
     return 0
@@ -274,6 +287,13 @@ def cmd_mic(args) -> int:
                      progress=_note)
     _live_summary(loop, conv)
     return 0
+
+
+def cmd_assistant(args) -> int:
+    """The assistant as a service (runtime/assistant, docs/assistant.md)."""
+    from .runtime.assistant.entry import run
+
+    return run(args)
 
 
 def cmd_batch(args) -> int:
@@ -432,13 +452,18 @@ def cmd_serve(args) -> int:
         model_dir=model_dir, model_name=args.model if not Path(args.model).is_dir()
         else model_dir.name, host=args.host, port=args.port, max_sessions=args.max_sessions,
         ssl_dir=Path(args.ssl) if args.ssl else None, auth_token=args.auth_token,
-        allowed_origins=tuple(args.allowed_origins.split(",")) if args.allowed_origins else (),
+        allowed_origins=_listed(args.allowed_origins), allowed_hosts=_listed(args.allowed_hosts),
         voice_dir=Path(args.voice_dir) if args.voice_dir else None, sampling=_sampling(args),
         persona=Persona(text_prompt=args.text_prompt, voice=args.voice_prompt,
                         enabled=not args.no_persona),
         max_backlog=args.max_backlog_frames, device=args.device, threads=args.threads,
         persona_cache=_persona_cache(args, _note)),
         progress=_note)
+
+
+def _listed(value: str | None) -> tuple[str, ...]:
+    """A comma-separated flag's entries."""
+    return tuple(value.split(",")) if value else ()
 
 
 def _add_runtime_args(p: argparse.ArgumentParser) -> None:
@@ -550,6 +575,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--input", required=True, help="what the user says (audio file)")
     r.add_argument("--output", required=True, help="the model's answer (24 kHz wav, same length)")
     r.add_argument("--text-out", help="per-frame text as JSON (piece, \"PAD\" or \"EPAD\")")
+    r.add_argument("--say", action="append", metavar="TEXT",
+                   help="words the model says, in its voice, through its text stream (may be "
+                        "repeated; docs/say.md)")
+    r.add_argument("--say-at", action="append", type=float, metavar="SECONDS",
+                   help="when the --say before it arrives: the step ceil(SECONDS x 12.5) of the "
+                        "input, 0 being the first frame after the persona (default 0)")
     r.add_argument("--realtime", action="store_true",
                    help="play the input through the live loop at the pace of a microphone "
                         "(drops and underruns as live; no sound device needed)")
@@ -567,6 +598,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cancel the speaker's echo from the microphone (on, for open speakers; "
                         "off for a headset)")
     m.set_defaults(func=cmd_mic)
+
+    s = sub.add_parser("assistant", help="the --mic loop as a service: config file, devices "
+                                         "that come and go, sleep when idle, systemd, a "
+                                         "control socket (docs/assistant.md)")
+    s.add_argument("--config", help="TOML file (default: $XDG_CONFIG_HOME/personaplex-edge/"
+                                    "assistant.toml); the flags below override it")
+    from .runtime.assistant.entry import FLAGS
+
+    kinds = {"--device": {"choices": ["auto", "cpu", "cuda"]}, "--threads": {"type": int},
+             "--seed": {"type": int}, "--sleep-after": {"type": float}}
+    for key, flag in FLAGS.values():  # each overrides one key of the file (docs/assistant.md)
+        s.add_argument(flag, default=None, help=f"sets {key}", **kinds.get(flag, {}))
+    s.add_argument("--aec", choices=["on", "off"], default=None, help="sets audio.aec")
+    s.add_argument("--no-socket", action="store_true", help="no control socket")
+    s.add_argument("--install-unit", action="store_true",
+                   help="write the systemd user unit running this command (with these flags)")
+    s.add_argument("--unit-dir", type=Path, help="where --install-unit writes (default: "
+                                                 "~/.config/systemd/user)")
+    s.set_defaults(func=cmd_assistant)
 
     a = sub.add_parser("aec", help="the live echo canceller, offline: a microphone recording "
                                    "minus the echo of what was played")
@@ -654,6 +704,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="browser pages that may open the WebSockets besides the server's own, "
                         "comma-separated (http://localhost:3000,https://app.example.com; *: "
                         "any); clients that send no Origin (SDKs) are not affected")
+    v.add_argument("--allowed-hosts", metavar="NAMES",
+                   default=os.environ.get("PERSONAPLEX_ALLOWED_HOSTS"),
+                   help="host names the page and the WebSockets answer to besides localhost, "
+                        "--host and (bound beyond loopback) this machine's names and addresses, "
+                        "comma-separated (voice.example.com; *: any, behind a balancer)")
     v.add_argument("--voice-dir", help="recordings clients may name as voice_prompt, besides the "
                                        "voice bank")
     _add_backlog_arg(v)
@@ -664,13 +719,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """A command line as a user types it (SystemExit, with the usage, where it is wrong)."""
+    argv = list(argv)
     # the reference's habit: `--mic` instead of a subcommand (`aec --mic FILE` is an option)
     if "--mic" in argv and argv[0] != "aec":
         argv.remove("--mic")
         argv.insert(0, "mic")
-    args = build_parser().parse_args(argv)
+    return build_parser().parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         return args.func(args)
     except PersonaPlexError as e:

@@ -1,11 +1,14 @@
 """What `--model` (and `personaplex_edge.load(model)`) may name, resolved to a local directory:
 
     a directory              itself (a path that exists wins over everything below)
-    a built-in name          demo, tiny: random weights, exported into models/NAME on first use
+    a built-in name          demo, tiny: random weights, exported on first use into the
+                             per-user cache (user_cache.py: ~/.cache/personaplex-edge/models/NAME)
     OWNER/NAME[@REVISION]    an exported model on the Hugging Face hub (hub_model.py), unless
                              OWNER is a directory here: models/NAME is a path, not an id
 
-Torch-free: only a built-in model's first use needs the export extra.
+Torch-free: only a built-in model's first use needs the export extra. Without it (a board that
+only runs the runtime) a built-in is used when one is already in the cache - copied there from a
+machine that exported it - and otherwise refused with one message saying where to copy it.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from .config import PRESETS
 from .errors import ModelDirError, PersonaPlexError
 from .hub_model import fetch_model, parse_model_id
 from .manifest import MANIFEST
+from .user_cache import user_cache_dir
 
-BUILTIN_DIR = Path("models")  # where built-in models are exported on first use (cwd-relative)
 # What a built-in model holds, as export/synthetic.py makes it: bumped when that changes, so a
 # built-in exported by an older version is exported again instead of used (2: the voice bank's
 # published names, NATF0-3, NATM0-3, VARF0-4, VARM0-4)
@@ -33,15 +36,28 @@ def builtin_models() -> list[str]:
     return [name for name in PRESETS if name != "personaplex-7b-v1"]
 
 
-def need_export_extra():
-    """The export package, or one message naming the extras it needs."""
+def builtin_dir(name: str) -> Path:
+    """Where the built-in model `name` lives: in the per-user cache, whatever the current
+    directory (a copy made elsewhere may be put there)."""
+    return user_cache_dir("models", name)
+
+
+def _missing_export_module() -> str | None:
     try:
         import torch  # noqa: F401
         import onnx  # noqa: F401
     except ImportError as e:
+        return e.name
+    return None
+
+
+def need_export_extra():
+    """The export package, or one message naming the extras it needs."""
+    missing = _missing_export_module()
+    if missing:
         raise PersonaPlexError(
-            f"exporting needs the export extra ({e.name} is missing): pip install "
-            "'personaplex-edge[export,cpu]' (install the torch build you want first)") from None
+            f"exporting needs the export extra ({missing} is missing): pip install "
+            "'personaplex-edge[export,cpu]' (install the torch build you want first)")
     try:
         import onnxruntime  # noqa: F401  (each graph is checked in it against torch)
     except ImportError:
@@ -54,13 +70,25 @@ def need_export_extra():
 
 
 def _builtin(name: str, progress: Callable[[str], None]) -> Path:
-    target = BUILTIN_DIR / name
+    target = builtin_dir(name)
     recipe = target / RECIPE_FILE
     if (target / MANIFEST).is_file():
         if recipe.is_file() and recipe.read_text().strip() == BUILTIN_RECIPE:
             return target
+        if _missing_export_module():  # an older copy beats no model where it cannot be remade
+            progress(f"{target} was made by an older version of personaplex-edge; using it "
+                     "as it is (exporting it again needs torch)")
+            return target
         progress(f"{target} was made by an older version of personaplex-edge; exporting the "
                  f"built-in '{name}' model again")
+    missing = _missing_export_module()
+    if missing:
+        raise PersonaPlexError(
+            f"the built-in '{name}' model is exported on its first use, which needs torch "
+            f"({missing} is missing). Copy the {name} directory from a machine where it ran "
+            f"(~/.cache/personaplex-edge/models/{name} there) to {target}, or give --model a "
+            "model directory or an exported model on the Hugging Face hub (OWNER/NAME), or "
+            "install the export extra: pip install 'personaplex-edge[export,cpu]'")
     need_export_extra()
     from .config import preset
     from .export.hub import resolve_checkpoint

@@ -10,8 +10,10 @@ GPU, the personas it prefilled - goes to one per-user cache instead:
         engines/<manifest sha256>/<gpu>/    TensorRT engines built on first use
         tensorrt/                           TensorRT timing caches
         personas/                           a default for the persona cache's directory
+        models/<name>/                      built-in models (demo, tiny), exported on first use
 
-Everything in it can be deleted at any time: it is rebuilt on the next use.
+Everything in it can be deleted at any time: it is rebuilt on the next use (a built-in model
+only where torch is installed: on a board without it, one copied there from a PC is kept).
 """
 
 from __future__ import annotations

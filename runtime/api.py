@@ -8,6 +8,8 @@ on it, 80 ms of speech in and out per step.
                             voice="NATF2", seed=1) as conv:
         for pcm_out, text in conv.stream(pcm):      # pcm: float32 at 24 kHz, any length
             ...
+        conv.say("Your tea is ready.")              # spoken in the persona's voice, from
+                                                    # the next step on (docs/say.md)
 
 A `Model` is read-only and shared: its graphs, tokenizer and voice bank are loaded once, and
 any number of conversations run on it (from different threads, or stepped together on a model
@@ -34,13 +36,14 @@ from .persona import DEFAULT_TEXT_PROMPT, Persona
 from .persona_cache import PersonaCache
 from .response import Response, ResponseBuilder
 from .sampling import SamplingParams
+from .say import SayEvent, SayPlan, Utterance
 
 if TYPE_CHECKING:
     from .audio_io.duplex import DuplexLoop
     from .metrics import FrameMetrics
     from .text import TextTokenizer
 
-__all__ = ["Conversation", "Model", "Response", "load"]
+__all__ = ["Conversation", "Model", "Response", "SayEvent", "Utterance", "load"]
 
 Progress = Callable[[str], None]
 
@@ -254,16 +257,60 @@ class Conversation:
             for frame in self._frames(frames, sample_rate):
                 yield await self.astep(frame)
 
-    def respond(self, pcm: np.ndarray, sample_rate: int | None = None) -> Response:
+    def respond(self, pcm: np.ndarray, sample_rate: int | None = None,
+                say: Iterable[tuple[float, str]] = ()) -> Response:
         """A whole recording in, the model's answer out - exactly what `personaplex-edge run`
         writes for it: the input's length, time-aligned with it, and one text record per
-        frame."""
+        frame. say: (seconds, text) pairs, each text said from the step at that time into the
+        recording (`run --say TEXT --say-at SECONDS`); times past its end are not reached."""
         built = ResponseBuilder(self._signal(pcm, sample_rate), self.frame_size, self.model.text)
+        plan = SayPlan(say, self.sample_rate / self.frame_size)
         for i in range(built.frames):
+            for text in plan.arrivals(i):
+                self.say(text)
             answer, token = self.core.step(self._frame(built.frame(i)))
             if piece := built.add(i, answer, token):
                 self._pieces.append(piece)
         return built.response()
+
+    # -- words the app decides ------------------------------------------------------------------
+    def say(self, text: str) -> Utterance:
+        """The model says `text` in the persona's voice while the conversation goes on: its
+        words are queued (after any still queued) and, from the next step on, fed to the
+        model's text stream one by one, each when the model asks for a word. Events per word
+        (started, done, cancelled) come from `say_events()` or `on_say`. The user speaking
+        does not cancel them; `cancel_say()` does. Write numbers as words. Thread-safe.
+
+            >>> conv.say("Your tea is ready.")
+            Utterance(id=1, text='Your tea is ready.', words=('Your', 'tea', 'is', 'ready.'))
+        """
+        return self.core.say(text)
+
+    def cancel_say(self) -> None:
+        """Drops the words not started yet (each gets a "cancelled" event); the word being
+        spoken ends at its end, then the model's own text resumes."""
+        self.core.cancel_say()
+
+    def say_events(self) -> list[SayEvent]:
+        """The word events since the last call: "started" (with the step of its first
+        token), "done", "cancelled"; `last` marks the end of its utterance."""
+        return self.core.say_events()
+
+    @property
+    def on_say(self) -> Callable[[SayEvent], None] | None:
+        """A callback for each word event instead of `say_events()`: it runs on the thread
+        that steps, right after the step that made the event, or on the one that called
+        `cancel_say()` for its "cancelled" events (keep it short)."""
+        return self.core.on_say
+
+    @on_say.setter
+    def on_say(self, callback: Callable[[SayEvent], None] | None) -> None:
+        self.core.on_say = callback
+
+    @property
+    def saying(self) -> bool:
+        """Whether queued words steer the model's text now."""
+        return self.core.saying
 
     # -- the sound devices ------------------------------------------------------------------------
     def live(self, on_text: Callable[[str], None] | None = None,

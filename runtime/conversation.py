@@ -3,15 +3,18 @@
 agent's frame n is heard right after step n + 1; the first step answers silence).
 
 A conversation owns a row of a lockstep batch - Mimi state, KV rings, token ring, sampling noise
-and parameters - plus its metrics and persona; the model's graphs, tokenizer and voice bank it
-only reads. `close()` gives its row back. This is the token-level conversation the front ends
-step (`step_many` batches many in one tick); an app holds runtime/api.py's, which speaks text.
+and parameters, the queue of words it is to say (runtime/say.py) - plus its metrics, persona and
+word events; the model's graphs, tokenizer and voice bank it only reads. `close()` gives its row
+back. This is the token-level conversation the front ends step (`step_many` batches many in one
+tick); an app holds runtime/api.py's, which speaks text.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
-from typing import Mapping
+from collections import deque
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -22,6 +25,9 @@ from .metrics import FrameMetrics
 from .persona import Persona, build_persona, persona_key
 from .persona_cache import PersonaCache, Snapshot
 from .sampling import SamplingParams
+from .say import SayEvent, Utterance, script_words
+
+MAX_KEPT_EVENTS = 4096  # word events kept for say_events() when nobody collects them
 
 
 class Conversation:
@@ -35,7 +41,13 @@ class Conversation:
         self.metrics = FrameMetrics()
         self.prefill_seconds = 0.0
         self.persona_cached = False
+        self.prompt_frames = 0  # the persona's frames, once prefilled: step 0 comes after them
         self._closed = False
+        # word events: handed to on_say (on the stepping thread, after the step that made
+        # them) when it is set, else kept for say_events()
+        self.on_say: Callable[[SayEvent], None] | None = None
+        self._said: deque[SayEvent] = deque(maxlen=MAX_KEPT_EVENTS)
+        self._utterances = itertools.count(1)
         self.group, self.row = pool.take(self, sampling)
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -80,7 +92,10 @@ class Conversation:
         with self.group.lock:
             self.group.set_sampling(self.row, sampling)  # checked first: refused, nothing moved
             self.group.reset_row(self.row)
+            self._collect()
         self.sampling = sampling
+        self.prompt_frames = 0
+        self._hand_over()
 
     # -- persona --------------------------------------------------------------------------------
     def prefill(self, persona: Persona | None = None) -> int:
@@ -114,7 +129,53 @@ class Conversation:
         with group.lock:
             group.prefill_last(row, snap.plan())
         self.prefill_seconds = time.perf_counter() - t0
-        return snap.forced + 1
+        self.prompt_frames = snap.forced + 1
+        return self.prompt_frames
+
+    # -- say ------------------------------------------------------------------------------------
+    def say(self, text: str) -> Utterance:
+        """Queues `text`'s words, after any still queued: from the next step on, the model's
+        text stream takes them one by one, when the model asks for a word (runtime/say.py).
+        Thread-safe; the user speaking does not cancel them."""
+        self.check_open()
+        uid = next(self._utterances)
+        words = script_words(text, self.model.text.encode,
+                             self.model.sample_rate / self.model.frame_size, uid)
+        with self.group.lock:
+            self.group.say(self.row, words)
+        return Utterance(uid, text, tuple(w.text for w in words if w.tokens))
+
+    def cancel_say(self) -> None:
+        """Drops the queued words at once ("cancelled" events); a word being spoken ends at
+        its end."""
+        self.check_open()
+        with self.group.lock:
+            self.group.cancel_say(self.row)
+            self._collect()
+        self._hand_over()
+
+    @property
+    def saying(self) -> bool:
+        """Whether words steer the text stream (queued, spoken, or the model not yet back)."""
+        return self.group.speakers[self.row].running
+
+    def say_events(self) -> list[SayEvent]:
+        """The word events since the last call (when no on_say takes them)."""
+        events = []
+        while self._said:
+            events.append(self._said.popleft())
+        return events
+
+    def _collect(self) -> None:
+        """The row's new word events into this conversation's (under the group's lock)."""
+        events = self.group.said(self.row)
+        if events:
+            self._said.extend(events)
+
+    def _hand_over(self) -> None:
+        """The kept events to on_say, if set (outside the group's lock: it may say again)."""
+        while self.on_say is not None and self._said:
+            self.on_say(self._said.popleft())
 
     # -- the frame ------------------------------------------------------------------------------
     def step(self, pcm: np.ndarray) -> tuple[np.ndarray, int | None]:
@@ -141,9 +202,12 @@ def step_many(frames: Mapping[Conversation, np.ndarray]
             # a copy, under the lock: last() is a view that another thread's next tick of this
             # group overwrites as soon as the lock is free
             tick_ms = group.metrics.last().copy()
+            for b in results:
+                owners[b]._collect()
         # the rows' owners as they were asked for: a row freed and taken again by another
         # thread since the tick must not credit the newcomer
         for b, result in results.items():
             owners[b].metrics.append(tick_ms)
+            owners[b]._hand_over()
             out[owners[b]] = result
     return out

@@ -14,6 +14,8 @@ Per tick (rows stepped: A):
     encode      Mimi encoder: each row's 1920 samples -> 8 codes, into its token ring
     temporal    Helium on each row's complete column, at each row's own position -> text
                 token, hidden, the new K/V rows (written at each row's slot)
+    say         rows with words queued: the sampled text token through the row's SayMachine
+                (runtime/say.py); skipped while no row of the batch has any
     depformer   hidden + text token -> the agent's 8 codes (on the device, for TensorRT)
     decode      Mimi decoder on the rows whose agent frame is complete -> 1920 samples
 
@@ -43,6 +45,7 @@ from .lm_frame import lm_frame
 from .metrics import FrameMetrics
 from .prompts import Prefill
 from .sampling import RowNoise, SamplingParams
+from .say import SayEvent, SayMachine, Word
 
 if TYPE_CHECKING:
     from .model import LoadedModel
@@ -75,6 +78,8 @@ class Lockstep:
         # [9] per row: text, agent cb0..7 of the frame the row last emitted (None before one)
         self.last_frames: list[np.ndarray | None] = [None] * self.batch
         self._extra_set = np.ones(self.batch, bool)  # the row's extra embedding may be non-zero
+        self.speakers = [SayMachine() for _ in range(self.batch)]  # each row's word queue
+        self._saying: set[int] = set()  # rows whose machine runs: the tick steers their text
         self.metrics = FrameMetrics()  # per tick
         self.lock = threading.RLock()  # one tick (or prefill) at a time on these buffers
         self._silence = np.zeros(model.frame_size, np.float32)
@@ -102,12 +107,16 @@ class Lockstep:
     def leave(self, row: int) -> None:
         self.members[row] = None
         self.noise[row] = None
+        self.speakers[row] = SayMachine()  # the next owner hears nothing of this one's words
+        self._saying.discard(row)
 
     def reset_row(self, row: int) -> None:
         """A fresh conversation in `row`: codec state and token ring back to the start (the KV
         rings need nothing: their slots are masked by position)."""
         self.encoder.reset([row])
         self.decoder.reset([row])
+        self.speakers[row].reset(self.rings[row].position)
+        self._saying.discard(row)
         self.rings[row].reset()
         self.last_frames[row] = None
         self._set_extra(row, None)
@@ -128,6 +137,37 @@ class Lockstep:
         elif self._extra_set[row]:  # zeroed once after a voice prompt, not every frame
             buf[row] = 0.0
             self._extra_set[row] = False
+
+    # -- say ------------------------------------------------------------------------------------
+    def say(self, row: int, words: list[Word]) -> None:
+        """Appends words to `row`'s queue: its next tick steers its text stream."""
+        self.speakers[row].add(words)
+        if self.speakers[row].running:
+            self._saying.add(row)
+
+    def cancel_say(self, row: int) -> None:
+        self.speakers[row].cancel(self.rings[row].position)
+        if not self.speakers[row].running:
+            self._saying.discard(row)
+
+    def said(self, row: int) -> list[SayEvent]:
+        """The row's word events since the last call (the machine's own empty list when none:
+        nothing is allocated while nothing is said)."""
+        machine = self.speakers[row]
+        events = machine.events
+        if events:
+            machine.events = []
+        return events
+
+    def _steer(self, text: np.ndarray, rows: list[int]) -> None:
+        """The sampled text tokens [B] of the rows saying words, through their machines."""
+        positions = self._h[POSITION]
+        for b in rows:
+            machine = self.speakers[b]
+            if machine.running:
+                text[b] = machine.feed(int(text[b]), int(positions[b]))
+                if not machine.running:
+                    self._saying.discard(b)
 
     # -- persona --------------------------------------------------------------------------------
     @property
@@ -217,7 +257,8 @@ class Lockstep:
             positions[b] = ring.position
             self._set_extra(b, None)
         m.mark("host")
-        text, audio = self.lm.run(rows, m)  # marks temporal and depformer
+        steer = (lambda text: self._steer(text, rows)) if self._saying else None
+        text, audio = self.lm.run(rows, m, steer)  # marks temporal and depformer
         out_rows, codes_out = [], self.decoder.inputs[CODES]
         emitted: dict[int, int | None] = {}
         for b in rows:

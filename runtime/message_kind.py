@@ -15,3 +15,5 @@ class Kind(enum.IntEnum):
     ERROR = 0x05  # UTF-8 reason, sent before the server closes
     PING = 0x06
     COLORED_TEXT = 0x07  # moshi's server to its client only
+    SAY = 0x08  # this project's: JSON, words for the model to say in, their events out
+    # (say_message.py; not part of moshi's protocol, so only a client that sends one gets one)

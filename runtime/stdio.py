@@ -10,6 +10,11 @@ the kind byte and the payload), with the kinds of the WebSocket protocol (messag
     out  0x02 TEXT        a text piece the model said (UTF-8, a word start as a space)
     out  0x05 ERROR       why the process is about to exit non-zero (UTF-8)
     in   0x06 PING        answered by a PING with the same payload
+    in   0x08 SAY         JSON {"say": "text"}: words the model says, in its voice, from the
+                          next whole frame on; {"cancel": true} drops those not started
+    out  0x08 SAY         JSON: "queued" at once, then each word's "started", "done" or
+                          "cancelled" after the answer of the frame that made it
+                          (say_message.py; docs/say.md)
 
     stdin:  AUDIO AUDIO ... EOF                 stdout:  HANDSHAKE AUDIO [TEXT] AUDIO ... (exit 0)
 
@@ -36,10 +41,11 @@ from personaplex_edge.errors import PersonaPlexError
 from .frame_backlog import FrameBacklog
 from .message_kind import Kind
 from .pcm_frames import PcmFrames
+from .say_message import event_payload, parse_command, queued_payload
 
 MAX_MESSAGE_BYTES = 1 << 20  # kind byte + payload; 1 MiB of PCM16 is ~22 s of audio
 _HEADER = struct.Struct("<I")
-ACCEPTED = frozenset({Kind.AUDIO, Kind.PING})
+ACCEPTED = frozenset({Kind.AUDIO, Kind.PING, Kind.SAY})
 
 
 class StdioProtocolError(PersonaPlexError):
@@ -70,7 +76,7 @@ def read_message(stream: BinaryIO) -> tuple[Kind, bytes] | None:
         raise StdioProtocolError(f"unknown message kind 0x{body[0]:02x}") from None
     if kind not in ACCEPTED:
         raise StdioProtocolError(f"message kind 0x{kind:02x} ({kind.name}) is not accepted on "
-                                 "stdin; send AUDIO (0x01) or PING (0x06)")
+                                 "stdin; send AUDIO (0x01), PING (0x06) or SAY (0x08)")
     return kind, body[1:]
 
 
@@ -89,15 +95,20 @@ def write_message(stream: BinaryIO, kind: Kind, payload: bytes = b"") -> None:
     stream.write(_HEADER.pack(len(payload) + 1) + bytes([kind]) + payload)
 
 
-def _frames_lossless(stdin: BinaryIO, framer: PcmFrames, pong: Callable[[bytes], None]
+Handler = Callable[[bytes], None]
+
+
+def _frames_lossless(stdin: BinaryIO, framer: PcmFrames, pong: Handler, say: Handler
                      ) -> Iterator:
     """Frames in the order stdin brings them, read only when the last ones are answered."""
     while (message := read_message(stdin)) is not None:
         kind, payload = message
         if kind == Kind.PING:
             pong(payload)
-            continue
-        yield from framer.feed(payload)[0]
+        elif kind == Kind.SAY:
+            say(payload)
+        else:
+            yield from framer.feed(payload)[0]
     last = framer.flush()
     if last is not None:
         yield last
@@ -107,11 +118,11 @@ class _LiveReader:
     """stdin read as it comes, on a thread, into a FrameBacklog (the oldest dropped beyond
     `max_backlog` frames); frames() gives them to the conversation as they are ready."""
 
-    def __init__(self, stdin: BinaryIO, framer: PcmFrames, max_backlog: int,
-                 pong: Callable[[bytes], None]):
+    def __init__(self, stdin: BinaryIO, framer: PcmFrames, max_backlog: int, pong: Handler,
+                 say: Handler):
         self._ready = threading.Condition()
         self.backlog = FrameBacklog(max_backlog, self._notify)
-        self._stdin, self._framer, self._pong = stdin, framer, pong
+        self._stdin, self._framer, self._pong, self._say = stdin, framer, pong, say
         self._done = False
         self.error: BaseException | None = None
         threading.Thread(target=self._read, name="personaplex-stdio-reader", daemon=True).start()
@@ -122,7 +133,7 @@ class _LiveReader:
 
     def _read(self) -> None:
         try:
-            for frame in _frames_lossless(self._stdin, self._framer, self._pong):
+            for frame in _frames_lossless(self._stdin, self._framer, self._pong, self._say):
                 self.backlog.push(frame)
         except BaseException as e:  # noqa: BLE001 - handed to the conversation's thread
             self.error = e
@@ -157,14 +168,25 @@ def run_stdio(conv, stdin: BinaryIO, stdout: BinaryIO, max_backlog_frames: int |
             write_message(stdout, kind, payload)
             stdout.flush()
 
+    def say(payload: bytes) -> None:
+        command = parse_command(payload)
+        if command.cancel:
+            conv.cancel_say()
+        else:
+            send(Kind.SAY, queued_payload(conv.say(command.text)))
+
+    def word_events() -> None:  # under the lock
+        for event in conv.say_events():
+            write_message(stdout, Kind.SAY, event_payload(event, conv.prompt_frames))
+
     framer = PcmFrames(conv.frame_size)
     pong = lambda payload: send(Kind.PING, payload)  # noqa: E731
     send(Kind.HANDSHAKE)
     reader = None
     if max_backlog_frames is None:
-        frames = _frames_lossless(stdin, framer, pong)
+        frames = _frames_lossless(stdin, framer, pong, say)
     else:
-        reader = _LiveReader(stdin, framer, max_backlog_frames, pong)
+        reader = _LiveReader(stdin, framer, max_backlog_frames, pong, say)
         frames = reader.frames()
     answered = 0
     for pcm_out, text in conv.stream(frames):
@@ -172,8 +194,12 @@ def run_stdio(conv, stdin: BinaryIO, stdout: BinaryIO, max_backlog_frames: int |
             write_message(stdout, Kind.AUDIO, pcm16_bytes(pcm_out))
             if text:
                 write_message(stdout, Kind.TEXT, text.encode("utf-8"))
+            word_events()
             stdout.flush()
         answered += 1
+    with lock:  # a cancel after the last frame
+        word_events()
+        stdout.flush()
     if reader is not None and reader.backlog.dropped:
         progress(f"stdio: {reader.backlog.dropped} of {reader.backlog.pushed} input frames "
                  f"dropped (more than {max_backlog_frames} waited)")

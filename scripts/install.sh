@@ -6,17 +6,26 @@ cd "$(dirname "$0")/.."
 
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     # libsndfile for soundfile (its wheel bundles one; this covers platforms without a wheel);
-    # PortAudio for sounddevice; speexdsp for the echo canceller (loaded through ctypes);
+    # PortAudio for sounddevice; speexdsp for the echo canceller and libopus for the server's
+    # Opus (both loaded through ctypes);
     # PulseAudio (a null sink and its monitor) for the live-audio test; chromium (headless, the
-    # serve page's browser test) and openssl (its TLS test's certificate)
+    # serve page's browser test) and openssl (its TLS test's certificate); systemd (the
+    # assistant's unit checked by systemd-analyze verify), espeak-ng and sox (its benchmarks'
+    # speech and music); nginx (the manual's fleet recipe, run by a test in front of two
+    # servers: the binary only, see below)
     missing=""
-    for pkg in libsndfile1 libportaudio2 libspeexdsp1 pulseaudio pulseaudio-utils libasound2-plugins \
-               chromium openssl; do
+    for pkg in libsndfile1 libportaudio2 libspeexdsp1 libopus0 pulseaudio pulseaudio-utils \
+               libasound2-plugins chromium openssl systemd espeak-ng sox nginx; do
         dpkg -s "$pkg" >/dev/null 2>&1 || missing="$missing $pkg"
     done
     if [ -n "$missing" ]; then
         apt-get update -q
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $missing
+        # installed here for the test only: the service Debian starts with it (port 80) is not
+        # wanted (an nginx that was there before is left as it was)
+        case " $missing " in *" nginx "*)
+            if command -v systemctl >/dev/null 2>&1; then systemctl disable --now nginx || true; fi ;;
+        esac
     fi
 fi
 
@@ -48,8 +57,9 @@ else
     python -m pip install -q "$TORCH"
 fi
 # The runtime with onnxruntime for the CPU (the `cpu` extra: never beside onnxruntime-gpu),
-# the export, the tests, the sound devices and the server.
-python -m pip install -q -e ".[cpu,export,dev,audio,serve]"
+# the export, the tests (and mkdocs-material, which builds the manual under docs/), the sound
+# devices, the server and the assistant.
+python -m pip install -q -e ".[cpu,export,dev,audio,serve,assistant]"
 # The test reference. It pins torch<2.10, so it goes in without its dependencies (the light
 # ones are in the dev extra).
 python -m pip install -q --no-deps "moshi==0.2.13"

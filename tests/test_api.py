@@ -1,7 +1,7 @@
 """The public Python API (`import personaplex_edge as pe`): a light import, the same answer
 as `personaplex-edge run`, conversations on one model independent of each other, asyncio, and
 one exception type whose messages name the fix. (Its live loop on sound devices, and the
-README's Python section run as written: tests/test_live_audio.py.)"""
+the manual's API page run as written: tests/test_live_audio.py.)"""
 
 from __future__ import annotations
 
@@ -181,17 +181,21 @@ def test_bad_arguments_are_one_exception_type_naming_the_fix(model, tmp_path):
 
 def test_a_built_in_model_from_an_older_version_is_exported_again(demo_model_dir, tmp_path,
                                                                   monkeypatch):
-    """models/demo left by a version whose demo bank had other voices (no recipe mark) is
-    exported again on the next load, said once; the next load uses it as it is."""
+    """The cache's demo left by a version whose demo bank had other voices (no recipe mark) is
+    exported again on the next load, said once; the next load uses it as it is. Nothing is
+    written into the current directory."""
     import shutil
 
     from personaplex_edge import model_ref
 
-    old = tmp_path / "models" / "demo"
+    monkeypatch.setenv("PERSONAPLEX_CACHE", str(tmp_path / "cache"))
+    old = tmp_path / "cache" / "models" / "demo"
     shutil.copytree(demo_model_dir, old)
-    monkeypatch.chdir(tmp_path)
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
     said = []
-    assert model_ref.resolve_model("demo", said.append) == model_ref.BUILTIN_DIR / "demo"
+    assert model_ref.resolve_model("demo", said.append) == model_ref.builtin_dir("demo") == old
+    assert not any((tmp_path / "work").iterdir())
     assert any("older version" in line for line in said)
     assert (old / model_ref.RECIPE_FILE).read_text().strip() == model_ref.BUILTIN_RECIPE
     stamp = (old / "manifest.json").stat().st_mtime_ns

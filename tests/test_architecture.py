@@ -17,10 +17,10 @@ TOP = "personaplex_edge"  # the package itself: names its public API lazily, imp
 # The runtime's core, bottom first: a module imports only from its own layer or below.
 LAYERS = [
     ["model"],
-    ["persona_cache", "persona", "lockstep"],
+    ["persona_cache", "persona", "lockstep", "say"],
     ["conversation"],
     ["api"],
-    ["bench", "stdio", "batch", "serve"],
+    ["bench", "stdio", "batch", "serve", "assistant"],
 ]
 # core modules that are front doors: they may reach the runtime and (for a built-in model's
 # first export) the torch side; every other core module reaches neither
@@ -126,8 +126,8 @@ def test_no_module_imports_itself_back_through_others():
 
 
 def test_the_runtime_core_is_layered_bottom_up():
-    """model at the bottom; persona, its cache and lockstep above it; the conversation above
-    them; the public API on top, under the front ends."""
+    """model at the bottom; persona, its cache, lockstep and say above it; the conversation
+    above them; the public API on top, under the front ends."""
     graph = _graph()
     assert all(_layer(f"personaplex_edge.runtime.{n}") is not None for row in LAYERS for n in row)
     upward = [(m, t) for m, targets in graph.items() for t in targets

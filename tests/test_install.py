@@ -34,7 +34,7 @@ def test_no_install_puts_both_onnxruntime_builds_side_by_side():
     builds = {"onnxruntime", "onnxruntime-gpu"}
     for extra in EXTRAS:
         assert len(builds & {_name(r) for r in requirements(extra)}) <= 1, extra
-    # the combinations the README and scripts/install.sh use
+    # the combinations docs/install.md and scripts/install.sh use
     for combo in (("cpu", "export", "dev", "audio"), ("gpu", "export"), ("trt", "cpu"),
                   ("jetson", "cpu", "audio")):
         names = {_name(r) for extra in combo for r in requirements(extra)}

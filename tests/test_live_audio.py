@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import time
 import numpy as np
 import pytest
 from interrupt import default_sigint
+from pulse import start_pulse
 
 pytestmark = pytest.mark.skipif(
     shutil.which("pulseaudio") is None or shutil.which("pactl") is None,
@@ -19,41 +19,9 @@ pytestmark = pytest.mark.skipif(
            "does, so CI runs these tests)")
 
 
-def _start_pulse(runtime, echo_ms: int | None = None):
-    """A private server with a null sink as the speaker and its monitor as the microphone;
-    with `echo_ms`, the microphone is a second sink's monitor fed from the speaker through a
-    loopback of that latency instead: an open speaker, heard back a little later."""
-    env = dict(os.environ, XDG_RUNTIME_DIR=str(runtime), PULSE_RUNTIME_PATH=str(runtime),
-               HOME=str(runtime))
-    room = []
-    if echo_ms is not None:
-        room = ["--load=module-null-sink sink_name=room",
-                f"--load=module-loopback source=edge_sink.monitor sink=room "
-                f"latency_msec={echo_ms}"]
-    server = subprocess.Popen(
-        ["pulseaudio", "--daemonize=no", "--exit-idle-time=-1", "--disallow-exit", "-n",
-         "--load=module-native-protocol-unix", "--load=module-null-sink sink_name=edge_sink",
-         *room, "--load=module-always-sink", "--log-target=stderr", "--log-level=error"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 15
-    while time.time() < deadline:
-        if subprocess.run(["pactl", "info"], env=env, capture_output=True).returncode == 0:
-            break
-        if server.poll() is not None:
-            pytest.skip(f"PulseAudio would not start: {server.stderr.read().decode()[-300:]}")
-        time.sleep(0.2)
-    else:
-        server.kill()
-        pytest.skip("PulseAudio did not answer within 15 s")
-    subprocess.run(["pactl", "set-default-sink", "edge_sink"], env=env, check=True)
-    source = "edge_sink.monitor" if echo_ms is None else "room.monitor"
-    subprocess.run(["pactl", "set-default-source", source], env=env, check=True)
-    return server, env
-
-
 @pytest.fixture(scope="module")
 def pulse_env(tmp_path_factory):
-    server, env = _start_pulse(tmp_path_factory.mktemp("pulse"))
+    server, env = start_pulse(tmp_path_factory.mktemp("pulse"))
     yield env
     server.terminate()
     server.wait(timeout=10)
@@ -116,7 +84,7 @@ def test_unknown_device_is_one_clear_error(pulse_env, demo_model_dir):
 
 def test_vanishing_device_ends_with_a_message(tmp_path, demo_model_dir):
     """The sound server dies mid-conversation: one clear message, exit status 2, no hang."""
-    server, env = _start_pulse(tmp_path)
+    server, env = start_pulse(tmp_path)
     try:
         mic = subprocess.Popen(
             [sys.executable, "-m", "personaplex_edge.cli", "--mic", "--model",
@@ -154,7 +122,7 @@ def test_ctrl_c_stops_cleanly_with_a_summary(pulse_env, demo_model_dir):
 
 @pytest.fixture(scope="module")
 def echo_env(tmp_path_factory):
-    server, env = _start_pulse(tmp_path_factory.mktemp("pulse_echo"), echo_ms=60)
+    server, env = start_pulse(tmp_path_factory.mktemp("pulse_echo"), echo_ms=60)
     yield env
     server.terminate()
     server.wait(timeout=10)
@@ -186,20 +154,21 @@ def test_open_speaker_echo_is_cancelled_against_aec_off(echo_env, demo_model_dir
     assert _heard_db(on) <= _heard_db(off) - 10.0, (on, off)
 
 
-def _readme_python_section() -> str:
+def _api_page_python() -> str:
+    """The Python blocks of the manual's API page (the README's is one of them:
+    tests/test_docs.py), in order."""
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = text.split("\n## Python API\n", 1)[1].split("\n## ", 1)[0]
-    blocks = [b.split("```", 1)[0] for b in section.split("```python\n")[1:]]
-    assert len(blocks) >= 3, "the README's Python section lost its examples"
+    text = (Path(__file__).resolve().parents[1] / "docs" / "python-api.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
+    assert len(blocks) >= 3, "the API page lost its examples"
     return "\n".join(blocks)
 
 
-def test_the_readme_python_section_runs_as_written(pulse_env, demo_model_dir, tmp_path):
-    """Every Python block of the README's API section, in order, in one process: on the
-    built-in demo model (found where `pe.load("demo")` looks), a question.wav beside it, and
-    the sound devices of the test's PulseAudio for the live block."""
+def test_the_api_page_python_runs_as_written(pulse_env, demo_model_dir, tmp_path):
+    """Every Python block of docs/python-api.md, in order, in one process: on the built-in
+    demo model (found where `pe.load("demo")` looks), a question.wav beside it, and the sound
+    devices of the test's PulseAudio for the live block."""
     import soundfile as sf
 
     from personaplex_edge.audio import read_audio, write_audio
@@ -207,14 +176,16 @@ def test_the_readme_python_section_runs_as_written(pulse_env, demo_model_dir, tm
 
     from personaplex_edge.model_ref import BUILTIN_RECIPE, RECIPE_FILE
 
-    demo = tmp_path / "models" / "demo"  # the built-in as its first use leaves it, by links
+    cache = tmp_path / "cache"
+    demo = cache / "models" / "demo"  # the built-in as its first use leaves it, by links
     demo.mkdir(parents=True)
     for f in demo_model_dir.iterdir():
         (demo / f.name).symlink_to(f)
     (demo / RECIPE_FILE).write_text(BUILTIN_RECIPE)
     write_audio(tmp_path / "question.wav", read_audio(bundled_speech()))
-    done = subprocess.run([sys.executable, "-c", _readme_python_section()], cwd=tmp_path,
-                          env=pulse_env, capture_output=True, text=True, timeout=180)
+    done = subprocess.run([sys.executable, "-c", _api_page_python()], cwd=tmp_path,
+                          env={**pulse_env, "PERSONAPLEX_CACHE": str(cache)},
+                          capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     question, _ = sf.read(tmp_path / "question.wav")
     answer, rate = sf.read(tmp_path / "answer.wav")

@@ -6,7 +6,7 @@ the session's latency and drops from the server's metadata.
 
 Without chromium the test is skipped, unless PERSONAPLEX_REQUIRE_BROWSER=1 (CI) makes that a
 failure. PERSONAPLEX_SCREENSHOT=PATH keeps a screenshot of the page mid-conversation there
-(the README's docs/serve.png)."""
+(docs/serve.png, on the README and the serve page)."""
 
 from __future__ import annotations
 
@@ -52,11 +52,14 @@ def test_the_page_talks_with_the_server(demo_model_dir, tmp_path):
                                     "window.personaplex.latencyMs !== null", timeout=30)
                 await asyncio.sleep(0.6)  # a figure refresh
                 await page.screenshot(shot)
-                state = await page.evaluate("window.personaplex")
-                shown = await page.evaluate(
-                    "({text: document.getElementById('text').textContent, "
+                # the figures and what the page shows, read together: a text piece that
+                # arrived between two reads would make them differ
+                both = await page.evaluate(
+                    "({state: window.personaplex, shown: {"
+                    "text: document.getElementById('text').textContent, "
                     "dropped: document.getElementById('dropped').textContent, "
-                    "latency: document.getElementById('latency').textContent})")
+                    "latency: document.getElementById('latency').textContent}})")
+                state, shown = both["state"], both["shown"]
                 open_sessions = [(s.params.persona.voice, s.frames_answered)
                                  for s in list(srv.state.sessions)]
                 await page.evaluate("document.getElementById('connect').click()")  # Stop

@@ -79,9 +79,9 @@ def test_ctrl_c_closes_every_session_and_exits_0(demo_model_dir):
 
 
 def test_serve_without_the_serve_extra_names_it():
-    """A new user's machine without aiohttp, sphn or prometheus-client: one line naming the
-    extra to install, exit 2, no traceback."""
-    for missing in ("prometheus_client", "aiohttp", "sphn"):
+    """A new user's machine without aiohttp or prometheus-client: one line naming the extra to
+    install, exit 2, no traceback."""
+    for missing in ("prometheus_client", "aiohttp"):
         run = subprocess.run(
             [sys.executable, "-c", f"import sys; sys.modules[{missing!r}] = None; "
              "from personaplex_edge.cli import main; sys.exit(main(['serve', '--model', 'demo']))"],
@@ -90,6 +90,25 @@ def test_serve_without_the_serve_extra_names_it():
         assert run.stderr.strip().splitlines() == [
             f"personaplex-edge: error: serve needs the serve extra ({missing} is missing): "
             'pip install "personaplex-edge[serve]"']
+
+
+def test_serve_without_libopus_names_the_os_package():
+    """A machine whose OS has no libopus (here: every lookup of it fails, as there): one line
+    naming the package, exit 2, before any model is loaded or exported."""
+    hide = ("import ctypes, ctypes.util, sys; find, load = ctypes.util.find_library, ctypes.CDLL\n"
+            "ctypes.util.find_library = lambda n: None if 'opus' in n else find(n)\n"
+            "class CDLL(load):\n"
+            "    def __init__(self, name, *a, **k):\n"
+            "        if 'opus' in str(name): raise OSError(f'{name}: cannot open shared object')\n"
+            "        super().__init__(name, *a, **k)\n"
+            "ctypes.CDLL = CDLL\n"
+            "from personaplex_edge.cli import main; sys.exit(main(['serve', '--model', 'demo']))")
+    run = subprocess.run([sys.executable, "-c", hide], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("personaplex-edge: error: serve needs libopus (")
+    assert lines[0].endswith("apt-get install libopus0 (Debian, Ubuntu, Jetson), "
+                             "brew install opus (macOS)")
 
 
 def test_binds_to_localhost_by_default_and_refuses_a_taken_port(demo_model_dir):
@@ -127,3 +146,31 @@ def test_the_token_from_the_environment_guards_the_chat(demo_model_dir):
     assert without.status == 401 and without.kinds == []
     assert with_token.kinds[:1] == [0] and not with_token.errors
     assert rc == 0
+
+
+def test_allowed_hosts_from_the_environment_and_a_bad_one(demo_model_dir):
+    """$PERSONAPLEX_ALLOWED_HOSTS reaches the server (a proxy's name is served, another name
+    is 403); a value that is not a host name stops the command with exit 2, before loading."""
+    import aiohttp
+
+    proc, url = start_serve(demo_model_dir, env={"PERSONAPLEX_ALLOWED_HOSTS": "voice.example"})
+    try:
+        async def page(host):
+            async with aiohttp.ClientSession() as http:
+                async with http.get(url, headers={"Host": host}) as r:
+                    return r.status, await r.text()
+
+        async def scene():
+            return await page("voice.example"), await page("evil.example:8998")
+
+        (ok, _), (refused, why) = asyncio.run(scene())
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=20)
+    assert (ok, refused, rc) == (200, 403, 0)
+    assert "--allowed-hosts evil.example" in why
+    bad = subprocess.run([sys.executable, "-m", "personaplex_edge.cli", "serve", "--model",
+                          str(demo_model_dir), "--allowed-hosts", "https://voice.example"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "--allowed-hosts: 'https://voice.example' is not a host name" in bad.stderr

@@ -5,15 +5,13 @@ session.update, validates every event it knows with its own models and treats an
 as fatal: the answer's audio reaches the pipeline as 24 kHz frames, no ErrorFrame.
 
 pipecat and its dependencies (~500 MB) do not belong in this project's environment: the test
-builds a venv of its own once, under .venvs/pipecat (git-ignored), and reuses it. Where pip
-cannot install it (no index reachable) the test is skipped, saying why."""
+builds a venv of its own once, under .venvs/pipecat (tests/side_venv.py)."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,32 +21,17 @@ pytest.importorskip("aiohttp")
 pytest.importorskip("sphn")
 
 from bench_serve import FRAME, ServerThread, speech  # noqa: E402
+from side_venv import side_venv  # noqa: E402
 
 from personaplex_edge.runtime.serve import ServeOptions  # noqa: E402
 from personaplex_edge.audio import pcm16_bytes as pcm16  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-VENV = ROOT / ".venvs" / "pipecat"
-PIPECAT = "pipecat-ai[openai]==1.14.0"  # the version this test was written against
+PIPECAT = ("pipecat-ai[openai]==1.14.0",)  # the version this test was written against
 CLIENT = Path(__file__).resolve().parent / "pipecat_client.py"
 
 
-def pipecat_python() -> Path:
-    """The venv's python, the venv built first if it is missing or holds another pipecat."""
-    python, stamp = VENV / "bin" / "python", VENV / "installed.txt"
-    if python.is_file() and stamp.is_file() and stamp.read_text() == PIPECAT:
-        return python
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
-    pip = subprocess.run([str(python), "-m", "pip", "install", "-q", PIPECAT],
-                         capture_output=True, text=True, timeout=900)
-    if pip.returncode != 0:
-        pytest.skip(f"pip cannot install {PIPECAT} here: {pip.stderr.strip()[-300:]}")
-    stamp.write_text(PIPECAT)
-    return python
-
-
 def test_pipecat_realtime_service_hears_the_model(demo_model_dir, tmp_path):
-    python = pipecat_python()
+    python = side_venv("pipecat", PIPECAT)
     audio = tmp_path / "speech.pcm"
     audio.write_bytes(pcm16(speech(3.0)))
     with ServerThread(ServeOptions(demo_model_dir, port=0)) as srv:

@@ -1,8 +1,11 @@
-"""The server's pieces that need no model: message framing, query parameters, the origin and
-token checks, the drop-oldest backlog, sphn's Opus both ways, and the OpenAI Realtime wire
+"""The server's pieces that need no model: message framing, query parameters, the host,
+origin and token checks, the drop-oldest backlog, sphn's Opus both ways, and the OpenAI Realtime wire
 format's PCM and session fields."""
 
 from __future__ import annotations
+
+import json
+import socket
 
 import numpy as np
 import pytest
@@ -20,6 +23,8 @@ from personaplex_edge.runtime import pcm_frames as pf  # noqa: E402
 from personaplex_edge.runtime.serve import realtime_events as rt  # noqa: E402
 from personaplex_edge.runtime.serve.auth import (authorized, origin_allowed,  # noqa: E402
                                                  parse_allowed_origins)
+from personaplex_edge.runtime.serve.hosts import (HostRule, host_name,  # noqa: E402
+                                                  machine_names, parse_allowed_hosts)
 from personaplex_edge.runtime.serve.opus import OpusDecoder, OpusEncoder, OpusError  # noqa: E402
 from personaplex_edge.runtime.serve.params import ParamError, Voices, parse_params  # noqa: E402
 from personaplex_edge.runtime.frame_backlog import FrameBacklog  # noqa: E402
@@ -173,6 +178,54 @@ def test_allowed_origins_that_are_not_origins(value):
         parse_allowed_origins([value])
 
 
+# -- the host ---------------------------------------------------------------------------------------
+def test_a_host_header_is_compared_by_its_name():
+    assert host_name("127.0.0.1:8998") == "127.0.0.1"
+    assert host_name("[::1]:8998") == "::1" and host_name("[::1]") == "::1"
+    assert host_name("Voice.Example.COM.:443") == "voice.example.com"
+    assert host_name("fe80::1") == "fe80::1"  # a bare v6 address keeps its colons
+
+
+def test_a_loopback_server_answers_to_loopback_names_only():
+    rule = HostRule.for_server("127.0.0.1")
+    for host in ("localhost:8998", "LOCALHOST", "127.0.0.1:8998", "127.0.0.2", "[::1]:8998",
+                 "app.localhost:8998", None, ""):
+        assert rule.admits(host), host
+    # DNS rebinding: the attacker's name, re-pointed at 127.0.0.1, is still the attacker's
+    for host in ("evil.example:8998", "localhost.evil.example", "192.168.1.20:8998",
+                 "127.0.0.1.nip.io"):
+        assert not rule.admits(host), host
+    if "localhost" not in socket.gethostname():  # the machine's name: only beyond loopback
+        assert not rule.admits(socket.gethostname())
+
+
+def test_a_server_bound_beyond_loopback_answers_to_the_machines_names_and_addresses():
+    rule = HostRule.for_server("0.0.0.0")
+    names = machine_names()
+    assert socket.gethostname().lower() in names
+    assert socket.gethostname().split(".")[0].lower() + ".local" in names
+    for host in [f"{n}:8998" for n in names] + ["192.168.1.20:8998", "[fd00::7]:8998",
+                                                "localhost"]:
+        assert rule.admits(host), host
+    assert not rule.admits("evil.example:8998")
+    named = HostRule.for_server("voice.lan")  # the --host name itself
+    assert named.admits("voice.lan:8998") and not named.admits("evil.example")
+
+
+def test_allowed_hosts_add_names_or_admit_any():
+    rule = HostRule.for_server("127.0.0.1", parse_allowed_hosts(["Voice.Example.com", ""]))
+    assert rule.admits("voice.example.com") and rule.admits("localhost")
+    assert not rule.admits("other.example.com")
+    assert HostRule.for_server("127.0.0.1", parse_allowed_hosts(["*"])).admits("evil.example")
+
+
+@pytest.mark.parametrize("value", ["http://voice.example.com", "voice.example.com:443",
+                                   "voice.example.com/x", "*.example.com"])
+def test_allowed_hosts_that_are_not_names(value):
+    with pytest.raises(PersonaPlexError, match="--allowed-hosts: .* is not a host name"):
+        parse_allowed_hosts([value])
+
+
 # -- the backlog ----------------------------------------------------------------------------------
 def test_backlog_drops_the_oldest_beyond_its_bound_and_counts_them():
     woken = []
@@ -281,3 +334,22 @@ def test_the_beta_vocabulary_is_asked_for_by_its_header():
     assert rt.beta_requested("realtime=v1")
     assert rt.beta_requested("assistants=v2, Realtime=v1")
     assert not rt.beta_requested(None) and not rt.beta_requested("realtime=v2")
+
+
+def test_response_done_counts_what_the_response_heard_and_said_in_both_vocabularies():
+    """usage is the response's own figures - 8 Mimi codes a frame heard, 8 spoken (100 audio
+    tokens a second each way), one text token a piece sent - valid for the SDK's
+    response.done of either vocabulary."""
+    ga = pytest.importorskip("openai.types.realtime")
+    beta_types = pytest.importorskip("openai.types.beta.realtime")
+    r = rt.Response(transcript=[" Hello", ",", " there"], frames=25)  # 2 s of answer
+    for beta, event_type in ((False, ga.ResponseDoneEvent),
+                             (True, beta_types.ResponseDoneEvent)):
+        done = event_type.model_validate(json.loads(
+            rt.ServerEvents(beta=beta).response_closed(r, "completed", None)[-1]))
+        usage = done.response.usage
+        assert usage.input_tokens == usage.input_token_details.audio_tokens == 200
+        assert usage.output_token_details.audio_tokens == 200
+        assert usage.output_token_details.text_tokens == 3 and usage.output_tokens == 203
+        assert usage.total_tokens == 403 and usage.input_token_details.text_tokens == 0
+    assert rt.Response().usage()["total_tokens"] == 0  # a response cancelled at once

@@ -2,8 +2,8 @@
 here wrote: the official `openai` SDK's GA and beta clients (every event they receive checked
 against the SDK's own event types), and vllm-omni's PersonaPlex acceptance re-implemented on the
 `websockets` library it uses. Greedy answers - audio and transcript - equal `run --greedy` on
-the same PCM16; bad events are answered and the session goes on; the Origin and token checks
-guard both WebSocket routes. (pipecat: test_serve_pipecat.py; Ctrl-C: test_serve_cli.py.)"""
+the same PCM16; bad events are answered and the session goes on; the Host, Origin and token
+checks guard both WebSocket routes. (pipecat: test_serve_pipecat.py; Ctrl-C: test_serve_cli.py.)"""
 
 from __future__ import annotations
 
@@ -363,12 +363,45 @@ def test_bad_events_get_one_error_each_and_the_session_goes_on(greedy_server):
     assert len(heard) == 12  # 1 s of audio, answered after all that
 
 
+def test_updates_before_the_persona_merge_and_openai_voices_get_the_default(greedy_server,
+                                                                            caplog):
+    """session.update events sent before any audio merge into one persona (a voice in one,
+    instructions in the next, as LiveKit's AgentSession sends them); a voice the bank lacks is
+    an error, unless it is one of OpenAI's (a framework's default): the bank's default voice
+    then speaks, one warning says so and session.updated names it."""
+    caplog.set_level(logging.INFO, logger="personaplex_edge.serve")
+
+    def update(**session):
+        return {"type": "session.update", "session": session}
+
+    merged = asyncio.run(raw_session(greedy_server.url, [
+        update(audio={"output": {"voice": "NATM1"}}), update(voice="NATF9"),
+        update(instructions="Be brief.")], pcm=speech(0.5)))
+    openai_voice = asyncio.run(raw_session(greedy_server.url, [
+        update(instructions="Be brief.", audio={"output": {"voice": "Marin"}})],
+        pcm=speech(0.5)))
+    # raw_session ends its updates with an empty one; each valid update is answered
+    for events, voice, valid, errors in ((merged, "NATM1", 3, 1), (openai_voice, "NATF2", 2, 0)):
+        updated = [e["session"] for e in events if e["type"] == "session.updated"]
+        assert len(updated) == valid and {
+            (u["audio"]["output"]["voice"], u["instructions"]) for u in updated} == {
+            (voice, "Be brief.")}
+        assert any(e["type"] == "response.output_audio.delta" for e in events)
+        assert len([e for e in events if e["type"] == "error"]) == errors
+    error = next(e["error"] for e in merged if e["type"] == "error")
+    assert error["param"] == "session.voice" and "no voice 'NATF9'" in error["message"]
+    opened = [r.getMessage() for r in caplog.records if ": open, persona " in r.getMessage()]
+    assert "persona NATM1 " in opened[-2] and "persona default " in opened[-1]
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING
+                and "voice 'Marin' is OpenAI's" in r.getMessage()]) == 1
+
+
 def test_turn_events_are_taken_and_cancel_ends_the_response(greedy_server):
     """commit, clear, conversation.item.*, output_audio_buffer.clear and response.create while
     a response is open change nothing and raise no error; response.cancel ends the response
-    with its done events (status cancelled, the item incomplete, usage present); the model's
-    next word opens a new response; a session.update once the conversation runs is echoed
-    with the session unchanged."""
+    with its done events (status cancelled, the item incomplete, usage counting its frames and
+    text pieces); the model's next word opens a new response; a session.update once the
+    conversation runs is echoed with the session unchanged."""
     pcm = speech(4.0)
 
     async def scene():
@@ -446,11 +479,21 @@ def test_turn_events_are_taken_and_cancel_ends_the_response(greedy_server):
     done = events[done_at]["response"]
     assert done["id"] == created[0] and done["status"] == "cancelled"
     assert done["status_details"] == {"type": "cancelled", "reason": "client_cancelled"}
-    assert done["output"][0]["status"] == "incomplete" and "usage" in done
-    transcript = "".join(e["delta"] for e in events
-                         if e["type"] == "response.output_audio_transcript.delta"
-                         and e["response_id"] == created[0])
-    assert done["output"][0]["content"][0]["transcript"] == transcript
+    assert done["output"][0]["status"] == "incomplete"
+    pieces = [e["delta"] for e in events
+              if e["type"] == "response.output_audio_transcript.delta"
+              and e["response_id"] == created[0]]
+    assert done["output"][0]["content"][0]["transcript"] == "".join(pieces)
+    # usage: what this response heard and said, in the model's tokens (8 Mimi codes a frame
+    # each way), in the SDK's own type
+    from openai.types.realtime import RealtimeResponseUsage
+
+    usage = RealtimeResponseUsage.model_validate(done["usage"])
+    assert usage.input_token_details.audio_tokens == 24 * 8 == usage.input_tokens
+    assert usage.output_token_details.audio_tokens == 24 * 8
+    assert usage.output_token_details.text_tokens == len(pieces) > 0
+    assert usage.output_tokens == 24 * 8 + len(pieces)
+    assert usage.total_tokens == usage.input_tokens + usage.output_tokens
     # after the cancel: quiet until a frame with a word, which opens the second response
     assert len(created) == 2 and created[1] != created[0]
     after = [e for e in events[done_at:] if e.get("response_id") == created[1]]
@@ -540,6 +583,56 @@ def test_origins_and_the_token_on_both_websocket_routes(demo_model, demo_model_d
                       model=demo_model) as srv:
         r = asyncio.run(talk_realtime(srv.url, speech(0.4), session={}, tail_s=0.5,
                                       headers={"Origin": "http://anywhere.example"}))
+    assert r.status is None and r.handshake_s is not None and r.answer_samples > 0
+
+
+def test_dns_rebinding_is_refused_on_the_page_and_both_websocket_routes(demo_model,
+                                                                        demo_model_dir, caplog):
+    """A page on a name re-pointed at 127.0.0.1 sends its own name as Host and a matching
+    Origin, which the own-origin rule alone would admit: the page, the voices and every
+    WebSocket route answer 403 with one log line each and a count in /metrics, the token
+    notwithstanding; the probes still answer. A balancer's name given in allowed_hosts (or
+    `*`) is admitted, Origin and all."""
+    caplog.set_level(logging.INFO, logger="personaplex_edge.serve")
+    token = {"Authorization": "Bearer s3cret"}
+    rebound = {"Host": "evil.example:8998", "Origin": "http://evil.example:8998", **token}
+    balancer = {"Host": "voice.example", "Origin": "https://voice.example", **token}
+    routes = ("", "static/app.js", "api/voices", "api/chat", "v1/realtime", "v1/duplex")
+
+    async def status(url, path, headers):
+        async with aiohttp.ClientSession() as http:
+            if path in ("api/chat", "v1/realtime", "v1/duplex"):
+                try:
+                    ws = await http.ws_connect(url + path, headers=headers)
+                except aiohttp.WSServerHandshakeError as e:
+                    return e.status
+                await ws.close()
+                return 101
+            async with http.get(url + path, headers=headers) as r:
+                return r.status
+
+    async def statuses(url, headers):
+        return [await status(url, path, headers) for path in routes + ("api/health",
+                                                                        "metrics")]
+
+    with ServerThread(ServeOptions(demo_model_dir, port=0, auth_token="s3cret",
+                                   allowed_hosts=("voice.example",)), model=demo_model) as srv:
+        refused = asyncio.run(statuses(srv.url, rebound))
+        admitted = asyncio.run(statuses(srv.url, balancer))
+        own = asyncio.run(statuses(srv.url, {"Origin": srv.url.rstrip("/"), **token}))
+        metrics = srv.state.stats.text().decode()
+    assert refused == [403] * len(routes) + [200, 200]
+    assert admitted == own == [200, 200, 200, 101, 101, 101, 200, 200]
+    logged = [r.getMessage().split()[2] for r in caplog.records
+              if "host evil.example is not allowed" in r.getMessage()]
+    assert sorted(logged) == sorted(f"/{p}:" for p in routes)
+    assert f'personaplex_sessions_refused_total{{reason="host"}} {len(routes)}.0' in metrics
+
+    with ServerThread(ServeOptions(demo_model_dir, port=0, allowed_hosts=("*",)),
+                      model=demo_model) as srv:
+        r = asyncio.run(talk_realtime(srv.url, speech(0.4), session={}, tail_s=0.5,
+                                      headers={"Host": "anything.example",
+                                               "Origin": "http://anything.example"}))
     assert r.status is None and r.handshake_s is not None and r.answer_samples > 0
 
 

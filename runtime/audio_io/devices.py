@@ -7,6 +7,7 @@ The stream runs at 24 kHz when both devices accept it, otherwise at the devices'
 from __future__ import annotations
 
 import time
+import threading
 from typing import Callable
 
 
@@ -67,6 +68,14 @@ def resolve_device(spec: str | int | None, kind: str) -> int | None:
     return matches[0]
 
 
+def refresh_devices() -> None:
+    """Makes PortAudio list the devices anew (a USB device plugged in, a sound server
+    started since): it reads them once, when it starts. Only while no stream is open."""
+    sd = _sd()
+    sd._terminate()
+    sd._initialize()
+
+
 def _device_rate(sd, device, kind: str, model_rate: int) -> int:
     """The model rate when the device takes it, else the device's default rate."""
     check = sd.check_input_settings if kind == "input" else sd.check_output_settings
@@ -75,7 +84,11 @@ def _device_rate(sd, device, kind: str, model_rate: int) -> int:
         return model_rate
     except Exception:
         pass
-    rate = int(sd.query_devices(device, kind)["default_samplerate"])
+    try:
+        rate = int(sd.query_devices(device, kind)["default_samplerate"])
+    except Exception as e:  # PortAudioError: no default device (none at all, or its server gone)
+        raise AudioDeviceError(f"there is no {kind} device to open ({e}); 'personaplex-edge "
+                               "devices' lists them") from None
     if abs(rate * FRAME_SECONDS - round(rate * FRAME_SECONDS)) > 1e-9:
         raise AudioDeviceError(f"the {kind} device runs at {rate} Hz, which has no whole number "
                                "of samples per 80 ms frame; pick another device")
@@ -87,9 +100,13 @@ def run_on_devices(step: FrameStep, input_device=None, output_device=None,
                    frame_size: int = 1920, on_tick: Callable[[DuplexLoop], None] | None = None,
                    tick_seconds: float = 0.5, max_backlog_frames: int = 2,
                    aec: bool | None = None, step_metrics=None,
-                   progress: Callable[[str], None] = print) -> DuplexLoop:
-    """Runs `step` full duplex until `duration` seconds pass or Ctrl-C; returns the loop (its
-    stats). A device that vanishes ends the run with AudioDeviceError.
+                   progress: Callable[[str], None] = print, stop: threading.Event | None = None,
+                   on_open: Callable[[DuplexLoop], None] | None = None,
+                   startup_seconds: float | None = None) -> DuplexLoop:
+    """Runs `step` full duplex until `duration` seconds pass, Ctrl-C or `stop` is set; returns
+    the loop (its stats). A device that vanishes ends the run with AudioDeviceError.
+    `on_open(loop)` is called once both streams run (the loop's stats then stay the caller's
+    to read, however the run ends); `startup_seconds` bounds the wait for a first sample.
 
     aec: True cancels the speaker's echo from the microphone (echo.py; without libspeexdsp it
     says so once through `progress` and passes the microphone through), False only measures
@@ -107,16 +124,19 @@ def run_on_devices(step: FrameStep, input_device=None, output_device=None,
     loop = DuplexLoop(step, frame_size=frame_size, model_rate=model_rate, input_rate=in_rate,
                       output_rate=out_rate, max_backlog_frames=max_backlog_frames, echo=echo,
                       step_metrics=step_metrics)
+    if startup_seconds is not None:
+        loop.startup_seconds = startup_seconds
     try:  # the canceller's native state goes with the run, however it ends
         return _run_streams(loop, sd, inp, out, in_rate, out_rate, duration, on_tick,
-                            tick_seconds)
+                            tick_seconds, stop, on_open)
     finally:
         if echo is not None:
             echo.close()
 
 
 def _run_streams(loop: DuplexLoop, sd, inp, out, in_rate: int, out_rate: int,
-                 duration: float | None, on_tick, tick_seconds: float) -> DuplexLoop:
+                 duration: float | None, on_tick, tick_seconds: float,
+                 stop: threading.Event | None = None, on_open=None) -> DuplexLoop:
     """The two streams around `loop` until `duration` passes or Ctrl-C (run_on_devices)."""
     flags = {"overflow": 0}
 
@@ -148,7 +168,10 @@ def _run_streams(loop: DuplexLoop, sd, inp, out, in_rate: int, out_rate: int,
             # the worker (and its stall clock) starts once both streams run: opening a
             # device can take seconds, which must not count as a device that stalled
             loop.start()
-            while loop.running and (t_end is None or time.monotonic() < t_end):
+            if on_open is not None:
+                on_open(loop)
+            while (loop.running and (t_end is None or time.monotonic() < t_end)
+                   and not (stop is not None and stop.is_set())):
                 time.sleep(min(tick_seconds, max(0.0, (t_end or 1e18) - time.monotonic())))
                 if on_tick is not None:
                     on_tick(loop)

@@ -14,9 +14,10 @@ it is not installed.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 
 import numpy as np
+
+from personaplex_edge.runtime.system_lib import SystemLibrary
 
 # request numbers of speex_echo_ctl / speex_preprocess_ctl (speex/speex_echo.h, speex_preprocess.h)
 _ECHO_SET_SAMPLING_RATE = 24
@@ -25,37 +26,6 @@ _PP_SET_NOISE_SUPPRESS = 18
 _PP_SET_ECHO_SUPPRESS = 20
 _PP_SET_ECHO_SUPPRESS_ACTIVE = 22
 _PP_SET_ECHO_STATE = 24
-
-_NAMES = ("speexdsp", "libspeexdsp.so.1", "libspeexdsp.1.dylib")
-_lib = None
-_load_error: str | None = None
-
-
-def load() -> ctypes.CDLL | None:
-    """The library with its signatures declared, or None when it is not installed
-    (`missing_reason()` says what was tried)."""
-    global _lib, _load_error
-    if _lib is not None or _load_error is not None:
-        return _lib
-    tried = []
-    for name in _NAMES:
-        path = ctypes.util.find_library(name) if "." not in name else name
-        if not path:
-            continue
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError as e:
-            tried.append(f"{path}: {e}")
-            continue
-        _declare(lib)
-        _lib = lib
-        return lib
-    _load_error = "; ".join(tried) or "libspeexdsp not found"
-    return None
-
-
-def missing_reason() -> str:
-    return _load_error or ""
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -71,6 +41,19 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.speex_preprocess_state_destroy.argtypes = [p]
     lib.speex_preprocess_ctl.argtypes = [p, i, p]
     lib.speex_preprocess_run.argtypes = [p, p]
+
+
+_LIBRARY = SystemLibrary(("speexdsp", "libspeexdsp.so.1", "libspeexdsp.1.dylib"), _declare)
+
+
+def load() -> ctypes.CDLL | None:
+    """The library with its signatures declared, or None when it is not installed
+    (`missing_reason()` says what was tried)."""
+    return _LIBRARY.load()
+
+
+def missing_reason() -> str:
+    return _LIBRARY.missing_reason()
 
 
 def _set_int(ctl, state, request: int, value: int) -> None:

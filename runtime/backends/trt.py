@@ -174,6 +174,12 @@ class TrtGraph(DeviceGraph):
         self._linked[name] = source._dev_out[output].ptr
         self._set_address(name, self._linked[name])
 
+    def put_output(self, name: str) -> None:
+        """Queues the host's copy of output `name` back to its device buffer: a graph linked to
+        that output then reads what the host made of it (a say() replaces the text token)."""
+        pinned = self._pinned_out[name]
+        copy_to_device(self._dev_out[name].ptr, pinned.array, self.stream, pinned.ptr)
+
     # -- per call -------------------------------------------------------------------------------
     def enqueue(self, rings: bool = True, active: list[int] | None = None) -> None:
         """Queues one run on the stream: inputs to the device, the engine, the new K/V rows into

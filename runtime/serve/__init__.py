@@ -2,12 +2,14 @@
 `/api/chat` and OpenAI Realtime's on `/v1/realtime` - many conversations on one shared model,
 and a web page at `/`.
 
-What this room may import: aiohttp (HTTP and WebSocket), sphn (Opus in Ogg), prometheus-client
-(the `/metrics` text) and the runtime - never torch.
+What this room may import: aiohttp (HTTP and WebSocket), the system's libopus through
+ctypes, prometheus-client (the `/metrics` text) and the runtime - never torch.
 
     protocol         moshi's binary message kinds and their framing
     params           the query parameters of /api/chat -> a conversation's sampling and persona
-    opus             Ogg/Opus bytes <-> 1920-sample frames (sphn)
+    libopus          the system's libopus through ctypes: packets <-> samples
+    ogg              Ogg pages of one Opus stream (RFC 3533, RFC 7845), both ways
+    opus             Ogg/Opus bytes <-> 1920-sample frames (libopus in ogg)
     realtime_events  OpenAI Realtime's JSON events (GA and beta names), PCM <-> frames
     session          one WebSocket's side of a conversation: input backlog, send queue, counters
     lifecycle        one WebSocket's life, either protocol: checks, slot, prefill, ticks, close
@@ -15,6 +17,7 @@ What this room may import: aiohttp (HTTP and WebSocket), sphn (Opus in Ogg), pro
     realtime         the /v1/realtime protocol on that life
     ticker           the one thread that steps every conversation (lockstep, via step_many)
     stats            Prometheus metrics of the server
+    hosts            the names the server answers to: the Host allow list (DNS rebinding)
     auth             who may open a WebSocket: the browser origin and the --auth-token
     app              the aiohttp application: routes, health, voices, the page
     server           load the model, serve until a signal, close every session

@@ -8,20 +8,45 @@
     GET /api/health   JSON: model, sessions open, capacity; 200 while a session can start,
                       503 when full or stopping (a load balancer's readiness probe)
     GET /metrics      Prometheus text
+
+Every route but the two probes (health, metrics: machines that poll by whatever name or
+address) answers only to the server's host names (hosts.py): another Host gets 403, one log
+line, and a count in /metrics.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from aiohttp import web
 
 from .chat import chat
+from .hosts import host_name
 from .realtime import realtime
 from .state import STATE, ServerState
 from .stats import CONTENT_TYPE_LATEST
 
+log = logging.getLogger("personaplex_edge.serve")
+
 STATIC = Path(__file__).parent / "static"
+# what load balancers, orchestrators and scrapers poll, by whatever name or address they use;
+# neither carries a conversation or the persona
+PROBES = frozenset({"/api/health", "/metrics"})
+
+
+@web.middleware
+async def host_check(request: web.Request, handler) -> web.StreamResponse:
+    state = request.app[STATE]
+    host = request.headers.get("Host")
+    if request.path not in PROBES and not state.hosts.admits(host):
+        state.stats.refused.labels(reason="host").inc()
+        name = host_name(host)
+        log.info("%s: refused %s: host %s is not allowed (--allowed-hosts)",
+                 request.remote or "?", request.path, name)
+        raise web.HTTPForbidden(text=f"this server does not answer to the name {name}; serve "
+                                f"with --allowed-hosts {name} to admit it\n")
+    return await handler(request)
 
 
 async def index(request: web.Request) -> web.StreamResponse:
@@ -58,7 +83,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def build_app(state: ServerState) -> web.Application:
-    app = web.Application()
+    app = web.Application(middlewares=[host_check])
     app[STATE] = state
     app.router.add_get("/", index)
     app.router.add_get("/api/chat", chat)

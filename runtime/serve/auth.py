@@ -4,9 +4,10 @@ check, on every WebSocket route.
 Browsers apply no CORS to WebSockets: any page a user visits may open ws://127.0.0.1:8998 and
 talk to the model, and only its `Origin` header says where it comes from. A request with an
 Origin is admitted when that is the server's own (the page it serves, reached by whatever name
-the Host header carries; a TLS proxy in front changes the scheme, not the host) or one listed in
-`--allowed-origins` (`*`: any); a request without one is a native client (an SDK, moshi's
-client), which no page can pretend to be.
+the Host header carries - one of the names the server answers to, which hosts.py checks first,
+so a rebound name never gets this far; a TLS proxy in front changes the scheme, not the host)
+or one listed in `--allowed-origins` (`*`: any); a request without one is a native client (an
+SDK, moshi's client), which no page can pretend to be.
 
 The token is `token=` in the query (what a browser's WebSocket can send) or `Authorization:
 Bearer TOKEN` (what the OpenAI SDKs send), compared in constant time so the answer's timing

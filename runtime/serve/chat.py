@@ -2,8 +2,9 @@
 (lifecycle.py): one WebSocket, one conversation on the shared model.
 
     the query parameters are the persona and sampling (ERROR naming a bad one)  ->  HANDSHAKE
-    once the persona prefill is done  ->  Ogg/Opus in, Ogg/Opus and text pieces out  ->  ERROR
-    with the reason before the close (unless the client left).
+    once the persona prefill is done  ->  Ogg/Opus in, Ogg/Opus and text pieces out (SAY in:
+    words for the model to say; their events out)  ->  ERROR with the reason before the close
+    (unless the client left).
 
 Whatever a client sends ends at most its own session: its bytes are parsed and decoded here,
 on the event loop, and only whole 1920-sample frames reach the model.
@@ -19,6 +20,9 @@ from aiohttp import WSMessage, WSMsgType, web
 from . import protocol
 from .lifecycle import Wire, serve_websocket
 from .opus import OpusDecoder, OpusEncoder, OpusError
+from ..say import SayEvent
+from ..say_message import (SayCommand, SayMessageError, event_payload, parse_command,
+                           queued_payload)
 from .params import ChatParams, parse_params
 from .session import ClientError, Session
 
@@ -48,13 +52,23 @@ class ChatSession(Session):
         if pages:
             self.send(protocol.audio(pages))
 
+    def command(self, command: SayCommand) -> None:
+        if command.cancel:
+            self.with_conversation(lambda conv: conv.cancel_say())
+        else:
+            self.with_conversation(lambda conv: conv.say(command.text),
+                                   lambda said: self.send(protocol.say(queued_payload(said))))
+
+    def _word(self, event: SayEvent) -> None:
+        self.send(protocol.say(event_payload(event, self.conv.prompt_frames)))
+
 
 class ChatWire(Wire):
     name = "chat"
     # aiohttp's own limit sits above the protocol's: past it aiohttp closes (1009) before the
     # handler sees the message, so a message just over MAX_MESSAGE_BYTES still gets its ERROR
     max_message_bytes = 4 * protocol.MAX_MESSAGE_BYTES
-    client_errors = (protocol.ProtocolError, OpusError, ClientError)
+    client_errors = (protocol.ProtocolError, OpusError, ClientError, SayMessageError)
 
     def refusal(self, reason: str, stopping: bool) -> list[bytes | str]:
         return [protocol.error(reason)]
@@ -86,6 +100,8 @@ class ChatWire(Wire):
                 dropped = session.receive_audio(payload)
                 if dropped:
                     self.state.stats.dropped.inc(dropped)
+            elif kind == protocol.Kind.SAY:
+                session.command(parse_command(payload))
 
 
 async def _report(session: Session) -> None:

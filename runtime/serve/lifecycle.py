@@ -1,12 +1,13 @@
 """One WebSocket's life, whatever its wire protocol: the same checks, slots, persona prefill,
 tick thread, metrics and logs for `/api/chat` (chat.py) and `/v1/realtime` (realtime.py).
 
-    origin check (403)  ->  token check (401)  ->  upgrade  ->  a free slot, or the protocol's
-    refusal and close 1013 (1001 while stopping)  ->  the session's persona (the protocol says
-    when it is known)  ->  its conversation opened and prefilled on the prefill thread  ->  the
-    protocol's "ready" message  ->  audio in / answers out, until the client leaves, sends what
-    ends its session, stops reading, or the server stops  ->  the protocol's last words, close,
-    the row and the slot freed.
+    (the host check, app.py's middleware: 403)  ->  origin check (403)  ->  token check
+    (401)  ->  upgrade  ->  a free slot, or the protocol's refusal and close 1013 (1001 while
+    stopping)  ->  the session's persona (the protocol says when it is known)  ->  its
+    conversation opened and prefilled on the prefill thread  ->  the protocol's "ready"
+    message  ->  audio in / answers out, until the client leaves, sends what ends its session,
+    stops reading, or the server stops  ->  the protocol's last words, close, the row and the
+    slot freed.
 
 A protocol is a `Wire`: it builds its `Session` subclass, reads the client's messages, and
 encodes its refusals, its ready message and its last words. Reading starts at the upgrade, so a
@@ -132,7 +133,8 @@ async def _converse(state: ServerState, wire: Wire, ws: web.WebSocketResponse,
     session = wire.open_session(peer=peer, max_backlog=state.max_backlog,
                                 send_queue=state.send_queue, sample_rate=model.sample_rate,
                                 frame_size=model.frame_size, wake=state.ticker.wake,
-                                piece=model.text.piece, max_ahead_s=state.max_ahead_s)
+                                piece=model.text.piece, max_ahead_s=state.max_ahead_s,
+                                call=state.ticker.call)
     state.sessions.add(session)
     prefill: Future | None = None
     reason: str | None = None
@@ -154,6 +156,7 @@ async def _converse(state: ServerState, wire: Wire, ws: web.WebSocketResponse,
         log.info("session %d (%s, %s): open, persona %s in %.2f s%s", session.id, peer,
                  wire.name, session.params.persona.voice or "default",
                  session.conv.prefill_seconds, " (cached)" if session.conv.persona_cached else "")
+        session.conversation_ready()
         state.ticker.attach(session)
         tasks.extend(asyncio.create_task(c) for c in wire.extra_tasks(session))
         reason, code = await session.ended

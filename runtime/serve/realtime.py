@@ -3,24 +3,34 @@
 (the openai SDK, pipecat, LiveKit) can talk to a local PersonaPlex. The query (`model`,
 `duplex`, ...) is accepted and ignored.
 
-    session.created at once  ->  the persona: the first session.update's instructions and
-    voice, or the server's defaults when audio comes and no update follows within GRACE_S
-    ->  its prefill  ->  session.updated (audio sent before it is dropped, but for its last
+    session.created at once  ->  the persona: the instructions and voice of the session.update
+    events sent before it is fixed, merged (an AgentSession sends its voice and its
+    instructions in two), fixed when audio comes after one or SETTLE_S after the first; the
+    server's defaults when audio comes and no update follows within GRACE_S  ->  its prefill
+    ->  session.updated (audio sent before it is dropped, but for its last
     frame)  ->  PCM appends in, re-framed into 1920-sample steps  ->  one response out while
     the model speaks: response.created, the assistant item, then per answer frame a
     transcript delta (if the frame has a text piece) and an audio delta  ->  on Ctrl-C the
     response's done events, then close 1001.
 
 The model listens and speaks at once, so the turn-based events change nothing here: commit,
-clear and the conversation.item.* events are read and let go, response.create opens a response
-at the next frame when none is open, response.cancel ends the open one (status `cancelled`) and
-its audio stops until the model starts a new word. A bad event is one `error` event; the
-session goes on.
+clear and the other conversation.item.* events are read and let go, response.create opens a
+response at the next frame when none is open, response.cancel ends the open one (status
+`cancelled`) and its audio stops until the model starts a new word. A bad event is one `error`
+event; the session goes on.
+
+What an app has the model say (runtime/say.py) is an assistant message: conversation.item.create
+with an assistant item's text (echoed as an added item), then response.create. That response
+closes the open one and carries the words: it is done (`completed`) two frames after the last
+word's last token, when the frame that holds it has gone out, and the model's own speech goes on
+in a new response; response.cancel drops the words not started (the one being spoken ends at its
+end) and ends it `cancelled`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,14 +42,25 @@ from personaplex_edge.audio import pcm16_bytes
 from ..pcm_frames import PCM16, PcmFrames
 from .lifecycle import Wire, serve_websocket
 from .params import MAX_TEXT_PROMPT_CHARS, ChatParams, ParamError
+from ..say import SayEvent, Utterance
 from .realtime_events import (MAX_EVENT_BYTES, EventError, Response, ServerEvents,
-                              SessionUpdate, SessionView, audio_bytes, beta_requested, new_id,
-                              parse, parse_session_update)
+                              SessionUpdate, SessionView, assistant_item, audio_bytes,
+                              beta_requested, new_id, parse, parse_session_update)
 from .session import Session
+
+log = logging.getLogger("personaplex_edge.serve")
 
 # seconds a client that streams before any session.update has to send one: pipecat, say, sends
 # its update when session.created arrives, while its audio may already be flowing
 GRACE_S = 0.5
+# seconds after a first session.update that the persona stays open to more updates, when no
+# audio comes first: a client that waits for session.updated before streaming waits this long
+SETTLE_S = 0.1
+# OpenAI's own voices: a framework's default (LiveKit's `marin`) more often than a choice. The
+# bank's default voice speaks instead, said in the log and named in session.updated; any other
+# name this model lacks is an error (a typo of a bank voice should not pass unnoticed).
+OPENAI_VOICES = frozenset({"alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer",
+                           "verse", "marin", "cedar"})
 
 
 class RealtimeSession(Session):
@@ -54,6 +75,10 @@ class RealtimeSession(Session):
         self.frames = PcmFrames(self.frame_size)
         self.response: Response | None = None
         self._open_next = True  # the next answer frame opens a response, speech or not
+        self._to_say: list[str] = []  # assistant text items waiting for response.create
+        self._saying = False  # the open (or next) response carries words the client gave
+        self._utterance: int | None = None  # the say() behind it, once the tick thread took it
+        self._closing: int | None = None  # answer frames until that response is done
 
     def receive_audio(self, data: bytes) -> int:
         """An append's bytes -> whole frames into the backlog; returns the frames dropped.
@@ -81,14 +106,46 @@ class RealtimeSession(Session):
         if piece:
             self.response.transcript.append(piece)
             self.send(self.events.transcript_delta(self.response, piece))
+        self.response.frames += 1
         self.send(self.events.audio_delta(self.response, pcm16_bytes(pcm)))
+        if self._closing is not None:
+            self._closing -= 1
+            if self._closing <= 0:  # the said words' response is done; the model goes on
+                for event in self.close_response("completed", None):
+                    self.send(event)
+                self._saying, self._closing, self._open_next = False, None, True
+
+    def add_assistant_text(self, text: str) -> None:
+        self._to_say.append(text)
 
     def want_response(self) -> None:
-        """response.create: while one is open it is that one; else the next frame opens one."""
-        if self.response is None:
-            self._open_next = True
+        """response.create: with assistant text waiting, a response that says it; else, while
+        one is open it is that one, and without one the next frame opens one."""
+        text = " ".join(self._to_say).strip()
+        self._to_say = []
+        if not text:
+            if self.response is None:
+                self._open_next = True
+            return
+        for event in self.close_response("completed", None):
+            self.send(event)
+        self._open_next, self._saying, self._utterance, self._closing = True, True, None, None
+        self.with_conversation(lambda conv: conv.say(text), self._said)
+
+    def _said(self, utterance: Utterance) -> None:
+        if self._saying:  # not cancelled meanwhile
+            self._utterance = utterance.id
+            if not utterance.words:  # nothing to wait for
+                self._closing = 1
+
+    def _word(self, event: SayEvent) -> None:
+        if self._saying and event.utterance == self._utterance and event.last:
+            self._closing = 2  # the frame holding its last token goes out with the next answer
 
     def cancel_response(self) -> None:
+        if self._saying:
+            self.with_conversation(lambda conv: conv.cancel_say())
+            self._saying, self._utterance, self._closing = False, None, None
         if self.response is not None:
             for event in self.close_response("cancelled", {"type": "cancelled",
                                                            "reason": "client_cancelled"}):
@@ -118,8 +175,10 @@ class RealtimeWire(Wire):
                                 instructions=state.persona.text_prompt or "",
                                 voice=state.default_voice)
         self._persona: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._pending: ChatParams | None = None  # the updates' persona, until it is fixed
+        self._heard = False  # audio has come
         self._updates_unanswered = 0  # session.update events waiting for the persona
-        self._grace: asyncio.TimerHandle | None = None
+        self._timer: asyncio.TimerHandle | None = None  # GRACE_S or SETTLE_S
 
     def refusal(self, reason: str, stopping: bool) -> list[bytes | str]:
         if stopping:
@@ -150,8 +209,8 @@ class RealtimeWire(Wire):
             "type": kind, "message": reason}}) + [self.events.error(reason, kind)]
 
     def close_session(self, session: Session) -> None:
-        if self._grace is not None:
-            self._grace.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
 
     # -- the client's events ----------------------------------------------------------------------
     def receive(self, session: RealtimeSession, msg: WSMessage) -> None:
@@ -175,8 +234,11 @@ class RealtimeWire(Wire):
             dropped = session.receive_audio(audio_bytes(event))
             if dropped:
                 self.state.stats.dropped.inc(dropped)
-            if not self._persona.done() and self._grace is None:
-                self._grace = asyncio.get_running_loop().call_later(GRACE_S, self._defaults)
+            self._heard = True
+            if self._pending is not None:
+                self._fix()
+            elif self._timer is None:
+                self._timer = asyncio.get_running_loop().call_later(GRACE_S, self._fix)
         elif kind == "session.update":
             self._update(session, parse_session_update(event))
         elif kind == "response.create":
@@ -186,26 +248,38 @@ class RealtimeWire(Wire):
         elif kind == "input_audio_buffer.clear":
             # what was appended has been heard already: there is no buffer to clear
             session.send(self.events.input_cleared())
-        # commit, output_audio_buffer.clear, conversation.item.*: nothing to do in full duplex
+        elif kind == "conversation.item.create":
+            item = assistant_item(event)
+            if item is not None:  # words for the next response.create to say
+                session.add_assistant_text(item[1])
+                for out in self.events.item_created(*item):
+                    session.send(out)
+        # commit, output_audio_buffer.clear, other conversation.item.*: nothing to do in
+        # full duplex
 
     def _update(self, session: RealtimeSession, update: SessionUpdate) -> None:
-        """Formats apply at once; instructions and voice only until the persona is fixed (the
-        first update, or the defaults after the grace); then the effective session is echoed."""
-        params = None if self._persona.done() else self._params(update)  # EventError first
+        """Formats apply at once; instructions and voice only until the persona is fixed;
+        the effective session is echoed once the persona is ready."""
+        params = None if self._persona.done() else self._params(session, update)  # EventError
         if update.input_format is not None:
             session.set_input_format(update.input_format)
             self.view.input_format = update.input_format
         if params is not None:
-            self._persona.set_result(params)
+            self._pending = params
+            if self._heard:  # the client streams already: no later update to wait for
+                self._fix()
+            elif self._timer is None:
+                self._timer = asyncio.get_running_loop().call_later(SETTLE_S, self._fix)
         if session.conv is not None:
             session.send(self.events.session_updated(self.view))
         else:
             self._updates_unanswered += 1
 
-    def _params(self, update: SessionUpdate) -> ChatParams:
-        """The update's persona over the server's defaults; EventError naming a bad field.
-        The view shows it once it is valid."""
-        state, persona = self.state, self.state.persona
+    def _params(self, session: Session, update: SessionUpdate) -> ChatParams:
+        """The update's persona over the earlier updates' (or the server's defaults);
+        EventError naming a bad field. The view shows it once it is valid."""
+        state = self.state
+        persona = (self._pending.persona if self._pending is not None else state.persona)
         view = {}
         if update.instructions is not None:
             if len(update.instructions) > MAX_TEXT_PROMPT_CHARS:
@@ -218,16 +292,27 @@ class RealtimeWire(Wire):
             try:
                 voice = state.voices.resolve(update.voice)
             except ParamError as e:
-                raise EventError(f"{update.voice_param}: {e.reason}",
-                                 param=update.voice_param) from None
+                if update.voice.strip().lower() not in OPENAI_VOICES:
+                    raise EventError(f"{update.voice_param}: {e.reason}",
+                                     param=update.voice_param) from None
+                log.warning("session %d (%s, realtime): voice %r is OpenAI's, not in this "
+                            "model's bank: %s speaks instead (name one of /api/voices)",
+                            session.id, session.peer, update.voice,
+                            state.default_voice or "the model's default voice")
+                voice = state.persona.voice  # the server's, as if none were named
             persona = replace(persona, voice=voice)
-            view["voice"] = Path(voice).name  # a --voice-dir file by its name, never its path
+            # a --voice-dir file by its name, never its path
+            view["voice"] = Path(voice).name if voice else state.default_voice
         self.view = replace(self.view, **view)
         return ChatParams(state.sampling, persona)
 
-    def _defaults(self) -> None:
+    def _fix(self) -> None:
+        """The persona is fixed (its prefill starts): the updates' so far, or the server's."""
+        if self._timer is not None:
+            self._timer.cancel()
         if not self._persona.done():
-            self._persona.set_result(ChatParams(self.state.sampling, self.state.persona))
+            self._persona.set_result(self._pending or ChatParams(self.state.sampling,
+                                                                  self.state.persona))
 
 
 async def realtime(request: web.Request) -> web.StreamResponse:

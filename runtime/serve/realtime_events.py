@@ -24,6 +24,8 @@ import json
 import uuid
 from dataclasses import dataclass, field
 
+from personaplex_edge.streams import CODEBOOKS_PER_SPEAKER
+
 from ..pcm_frames import F32, PCM16
 
 RATE = 24000  # Hz, both ways: the model's own rate, and the only one OpenAI's PCM has
@@ -82,6 +84,27 @@ def audio_bytes(event: dict) -> bytes:
     except (binascii.Error, ValueError) as e:
         raise EventError(f"`audio` is not base64 ({e})", param="audio",
                          event_id=event.get("event_id")) from None
+
+
+def assistant_item(event: dict) -> tuple[str, str] | None:
+    """A `conversation.item.create` of an assistant message -> (its id, its text: the text or
+    transcript of its content parts, joined); None for any other item (user, system, tool
+    items are let go: the model hears only audio). EventError for a malformed one."""
+    item = event.get("item")
+    if not isinstance(item, dict):
+        raise EventError("conversation.item.create needs an `item` object", param="item",
+                         event_id=event.get("event_id"))
+    if item.get("type", "message") != "message" or item.get("role") != "assistant":
+        return None
+    content = item.get("content")
+    parts = content if isinstance(content, list) else []
+    texts = [p.get("text", p.get("transcript")) for p in parts if isinstance(p, dict)]
+    if not texts or not all(isinstance(t, str) for t in texts):
+        raise EventError("an assistant item to say holds content parts with a string `text` "
+                         '(e.g. [{"type": "output_text", "text": "Your tea is ready."}])',
+                         param="item.content", event_id=event.get("event_id"))
+    item_id = item.get("id") if isinstance(item.get("id"), str) else new_id("item")
+    return item_id, " ".join(texts)
 
 
 @dataclass(frozen=True)
@@ -168,13 +191,15 @@ class Dialect:
     item_added: str
     item_done: str | None  # the beta has no such event
     content_type: str  # of the assistant item's audio content
+    text_type: str  # of an assistant item's text content
 
 
 GA = Dialect("response.output_audio.delta", "response.output_audio.done",
              "response.output_audio_transcript.delta", "response.output_audio_transcript.done",
-             "conversation.item.added", "conversation.item.done", "output_audio")
+             "conversation.item.added", "conversation.item.done", "output_audio", "output_text")
 BETA = Dialect("response.audio.delta", "response.audio.done", "response.audio_transcript.delta",
-               "response.audio_transcript.done", "conversation.item.created", None, "audio")
+               "response.audio_transcript.done", "conversation.item.created", None, "audio",
+               "text")
 
 
 def new_id(prefix: str) -> str:
@@ -194,16 +219,26 @@ class SessionView:
 
 @dataclass
 class Response:
-    """The one response open while the model speaks: its ids and its transcript so far."""
+    """The one response open while the model speaks: its ids, its transcript so far, and the
+    frames it has answered."""
 
     id: str = field(default_factory=lambda: new_id("resp"))
     item_id: str = field(default_factory=lambda: new_id("item"))
-    transcript: list[str] = field(default_factory=list)
+    transcript: list[str] = field(default_factory=list)  # the text pieces sent
+    frames: int = 0  # answer frames sent, each one step: one frame heard, one spoken
 
-
-_USAGE = {"total_tokens": 0, "input_tokens": 0, "output_tokens": 0,
-          "input_token_details": {"text_tokens": 0, "audio_tokens": 0, "cached_tokens": 0},
-          "output_token_details": {"text_tokens": 0, "audio_tokens": 0}}
+    def usage(self) -> dict:
+        """What the response used, in the shape of OpenAI's `usage`, counted in the model's own
+        tokens: each frame the model reads the user's 8 Mimi codes and writes its own 8
+        (CODEBOOKS_PER_SPEAKER a frame: 100 audio tokens a second each way, so seconds =
+        audio_tokens / 100), and each text piece sent is one text token (padding is none)."""
+        audio = self.frames * CODEBOOKS_PER_SPEAKER
+        text = len(self.transcript)
+        return {"total_tokens": 2 * audio + text, "input_tokens": audio,
+                "output_tokens": audio + text,
+                "input_token_details": {"text_tokens": 0, "audio_tokens": audio,
+                                        "cached_tokens": 0},
+                "output_token_details": {"text_tokens": text, "audio_tokens": audio}}
 
 
 class ServerEvents:
@@ -247,6 +282,16 @@ class ServerEvents:
 
     def input_cleared(self) -> str:
         return self._encode("input_audio_buffer.cleared")
+
+    def item_created(self, item_id: str, text: str) -> list[str]:
+        """A client's assistant text item, taken into the conversation."""
+        item = {"id": item_id, "object": "realtime.item", "type": "message",
+                "role": "assistant", "status": "completed",
+                "content": [{"type": self.names.text_type, "text": text}]}
+        events = [self._encode(self.names.item_added, previous_item_id=None, item=item)]
+        if self.names.item_done is not None:
+            events.append(self._encode(self.names.item_done, previous_item_id=None, item=item))
+        return events
 
     # -- the response -----------------------------------------------------------------------------
     def _item(self, r: Response, status: str, transcript: str | None = None) -> dict:
@@ -303,7 +348,7 @@ class ServerEvents:
         if self.names.item_done is not None:
             events.append(self._encode(self.names.item_done, previous_item_id=None, item=item))
         events.append(self._encode("response.done", response=self._response(
-            r, status, [item], status_details=details, usage=_USAGE)))
+            r, status, [item], status_details=details, usage=r.usage())))
         return events
 
 

@@ -29,7 +29,8 @@ from personaplex_edge.runtime.sampling import SamplingParams
 
 from .app import build_app
 from .auth import parse_allowed_origins
-from .opus import check_sphn
+from .hosts import HostRule, parse_allowed_hosts
+from .opus import check_opus
 from .params import MAX_TEXT_PROMPT_CHARS, Voices
 from .session import MAX_AHEAD_S
 from .state import ServerState
@@ -53,6 +54,8 @@ class ServeOptions:
     auth_token: str | None = None
     # browser origins admitted besides the server's own (auth.parse_allowed_origins)
     allowed_origins: tuple[str, ...] = ()
+    # host names the page and the WebSockets answer to besides the defaults (hosts.HostRule)
+    allowed_hosts: tuple[str, ...] = ()
     voice_dir: Path | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     persona: Persona = field(default_factory=Persona)
@@ -95,13 +98,15 @@ class Server:
 
     def __init__(self, options: ServeOptions, model=None,
                  progress: Callable[[str], None] = print):
-        check_sphn()
+        check_opus()
         self.options = options
         self.say = progress
         if options.max_sessions < 1:
             raise PersonaPlexError("--max-sessions must be at least 1")
         self._ssl = ssl_context(options.ssl_dir) if options.ssl_dir else None
         self._origins = parse_allowed_origins(options.allowed_origins)
+        self._hosts = HostRule.for_server(options.host,
+                                          parse_allowed_hosts(options.allowed_hosts))
         if options.voice_dir is not None and not Path(options.voice_dir).is_dir():
             raise PersonaPlexError(f"--voice-dir {options.voice_dir} is not a directory")
         if model is None:
@@ -150,7 +155,7 @@ class Server:
             prefill_pool=ThreadPoolExecutor(1, thread_name_prefix="personaplex-prefill"),
             max_sessions=o.max_sessions, max_backlog=o.max_backlog, send_queue=o.send_queue,
             auth_token=o.auth_token, allowed_origins=self._origins, default_voice=default_voice,
-            max_ahead_s=o.max_ahead_s)
+            max_ahead_s=o.max_ahead_s, hosts=self._hosts)
         self.state.ticker.start()
         # a request line long enough for the longest text_prompt, percent-encoded (aiohttp's
         # 8 KiB default would answer a bare 400 to a prompt of ~2700 characters)

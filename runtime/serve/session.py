@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
-from typing import TYPE_CHECKING, Callable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 from aiohttp import WSCloseCode
@@ -26,10 +28,13 @@ from ..frame_backlog import FrameBacklog
 
 if TYPE_CHECKING:
     from personaplex_edge.runtime.conversation import Conversation
+    from personaplex_edge.runtime.say import SayEvent
 
     from .params import ChatParams
 
+log = logging.getLogger("personaplex_edge.serve")
 _ids = itertools.count(1)
+Job = Callable[["Conversation"], Any]
 # seconds of audio a client may send ahead of the clock (a network's burst after a stall) before
 # its session ends: further ahead it would take the other sessions' CPU in decoding
 MAX_AHEAD_S = 10.0
@@ -75,7 +80,8 @@ class Session:
 
     def __init__(self, peer: str, max_backlog: int, send_queue: int, sample_rate: int,
                  frame_size: int, wake: Callable[[], None], piece: Callable[[int], str],
-                 max_ahead_s: float | None = None):
+                 max_ahead_s: float | None = None,
+                 call: Callable[[Callable[[], Any]], Future] | None = None):
         self.id = next(_ids)
         self.peer = peer
         self.params: "ChatParams | None" = None  # known once the protocol has the persona
@@ -95,6 +101,8 @@ class Session:
         self.frame_size = frame_size
         self._received = 0  # samples decoded
         self._first_audio: float | None = None
+        self._call = call  # runs a job on the tick thread, between two ticks
+        self._waiting: list[tuple[Job, Callable | None]] = []  # jobs before the conversation
 
     # -- event loop side --------------------------------------------------------------------------
     def receive_frames(self, frames: list[np.ndarray], samples: int) -> int:
@@ -143,6 +151,37 @@ class Session:
         """One answer frame and its text piece ('' for none) -> messages (`send`)."""
         raise NotImplementedError
 
+    # -- words the client has the model say (runtime/say.py) ---------------------------------
+    def with_conversation(self, job: Job, then: Callable[[Any], None] | None = None) -> None:
+        """job(conversation) on the tick thread between two ticks (held until the prefill is
+        done), so the event loop never waits for a tick; then(its result) on the event loop."""
+        if self.conv is None or self._call is None:
+            self._waiting.append((job, then))
+            return
+        conv = self.conv
+        future = self._call(lambda: job(conv))
+        if then is not None:
+            future.add_done_callback(lambda f: self._soon(self._job_done, f, then))
+
+    def _job_done(self, future: Future, then: Callable[[Any], None]) -> None:
+        if self.ended.done():
+            return
+        if future.exception() is not None:
+            log.warning("session %d: %s", self.id, future.exception())
+            return
+        then(future.result())
+
+    def conversation_ready(self) -> None:
+        """The conversation is prefilled: its word events come to `_word` on the event loop,
+        and the jobs that waited for it run."""
+        self.conv.on_say = lambda event: self._soon(self._word, event)
+        waiting, self._waiting = self._waiting, []
+        for job, then in waiting:
+            self.with_conversation(job, then)
+
+    def _word(self, event: "SayEvent") -> None:
+        """A word event of a say() (on the event loop): the protocol tells its client."""
+
     def summary(self) -> dict:
         """The whole session's figures (its latency over every kept frame)."""
         out = {"session": self.id, "protocol": self.protocol, "peer": self.peer,
@@ -164,14 +203,15 @@ class Session:
         """An answer frame from the tick thread (pcm is the session's own copy)."""
         self.latency.add(1000.0 * (tick_start - ready), 1000.0 * (done - ready))
         self.frames_answered += 1
-        try:
-            self.loop.call_soon_threadsafe(self._deliver, pcm, token)
-        except RuntimeError:  # the event loop is gone: the server is stopping
-            pass
+        self._soon(self._deliver, pcm, token)
 
     def failed(self, reason: str) -> None:
         """The tick thread could not step this session."""
+        self._soon(self.end, reason, WSCloseCode.INTERNAL_ERROR)
+
+    def _soon(self, fn: Callable, *args) -> None:
+        """fn(*args) on the event loop, from another thread."""
         try:
-            self.loop.call_soon_threadsafe(self.end, reason, WSCloseCode.INTERNAL_ERROR)
-        except RuntimeError:
+            self.loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the event loop is gone: the server is stopping
             pass

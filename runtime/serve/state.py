@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from personaplex_edge.runtime.persona import Persona
     from personaplex_edge.runtime.sampling import SamplingParams
 
+    from .hosts import HostRule
     from .params import Voices
     from .session import Session
     from .stats import ServerStats
@@ -36,6 +37,7 @@ class ServerState:
     max_backlog: int
     send_queue: int
     max_ahead_s: float | None  # how far a client's audio may run ahead of the clock
+    hosts: "HostRule"  # the names the page and the WebSockets answer to
     auth_token: str | None = None
     allowed_origins: tuple[str, ...] = ()  # browser origins besides the server's own ("*": any)
     default_voice: str | None = None  # the name /api/voices shows as preselected

@@ -23,8 +23,9 @@ class ServerStats:
         self.opened = Counter("personaplex_sessions_opened", "Sessions that got the handshake",
                               registry=r)
         self.refused = Counter("personaplex_sessions_refused",
-                               "Connections refused before a conversation (busy, "
-                               "unauthorized, origin, shutting_down)", ["reason"], registry=r)
+                               "Requests refused before a conversation (busy, "
+                               "unauthorized, origin, host, shutting_down)", ["reason"],
+                               registry=r)
         self.ended = Counter("personaplex_sessions_ended",
                              "Sessions ended, by cause (client, error, shutdown)", ["cause"],
                              registry=r)

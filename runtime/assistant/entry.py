@@ -1,0 +1,60 @@
+"""From the command line to the service: flags over the config file, --install-unit."""
+
+from __future__ import annotations
+
+from .config import load_config
+
+# argparse dest -> the config key it overrides, and the flag that names it in an error
+FLAGS = {
+    "model": ("model", "--model"),
+    "device": ("device", "--device"),
+    "threads": ("threads", "--threads"),
+    "text_prompt": ("persona.text_prompt", "--text-prompt"),
+    "voice_prompt": ("persona.voice", "--voice-prompt"),
+    "seed": ("sampling.seed", "--seed"),
+    "input_device": ("audio.input_device", "--input-device"),
+    "output_device": ("audio.output_device", "--output-device"),
+    "sleep_after": ("idle.sleep_after", "--sleep-after"),
+    "socket": ("control.socket", "--socket"),
+}
+
+
+def overrides(args) -> dict:
+    """The keys the flags given set: key -> (flag, value)."""
+    found = {key: (flag, getattr(args, dest)) for dest, (key, flag) in FLAGS.items()
+             if getattr(args, dest) is not None}
+    if args.aec is not None:
+        found["audio.aec"] = ("--aec", args.aec == "on")
+    if args.no_socket:
+        found["control.enabled"] = ("--no-socket", False)
+    return found
+
+
+def unit_args(args) -> list[str]:
+    """The flags the unit's ExecStart repeats: the config file (absolute) and the overrides."""
+    from pathlib import Path
+
+    out = ["--config", str(Path(args.config).expanduser().resolve())] if args.config else []
+    for dest, (_, flag) in FLAGS.items():
+        if getattr(args, dest) is not None:
+            out += [flag, str(getattr(args, dest))]
+    if args.aec is not None:
+        out += ["--aec", args.aec]
+    if args.no_socket:
+        out.append("--no-socket")
+    return out
+
+
+def run(args) -> int:
+    if args.install_unit:
+        from .unit import UNIT_NAME, install_unit
+
+        load_config(args.config, overrides(args))  # a unit that would fail is not written
+        path = install_unit(unit_args(args), args.unit_dir)
+        print(f"wrote {path}\nthen: systemctl --user daemon-reload && systemctl --user enable "
+              f"--now {UNIT_NAME}\n(at boot without a login: loginctl enable-linger $USER; "
+              f"logs: journalctl --user -u {UNIT_NAME})")
+        return 0
+    from .service import Assistant
+
+    return Assistant(args.config, overrides(args)).run()

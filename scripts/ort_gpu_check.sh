@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# onnxruntime-gpu's CUDA provider, for real, on the device machine (one H100/H200, no network,
+# its image's python3 3.12 with torch cu130, whose nvidia-* wheels carry the CUDA 13 libraries
+# onnxruntime-gpu 1.31.1 needs: cudart 13, cuBLAS 13, cuDNN 9, cuFFT, cuRAND), then the GPU
+# check's onnxruntime stages: tokens of ort-cuda against ort-cpu, ms per frame.
+#
+# The wheel is 256 MB, the device tool carries 64 MiB a call (the working tree included), and
+# ignored files that travelled stay on a warm machine (30 s idle) between calls. So:
+#
+#   here:   bash scripts/ort_gpu_check.sh prepare     # the wheel for python 3.12, cut into
+#                                                     # build/carry/ort-gpu (scripts/carry.py);
+#                                                     # prints the calls below, piece by piece
+#   there, back to back (each `run` call carries the next piece, no kind named the same way):
+#           call 1: carry NAME.pieces.json + NAME.part-00,  command: bash scripts/ort_gpu_check.sh status
+#           call k: carry NAME.part-(k-1),                  command: bash scripts/ort_gpu_check.sh status
+#           last:   carry the last piece,  timeout_s 560,   command: bash scripts/ort_gpu_check.sh run
+#   here:   bash scripts/ort_gpu_check.sh rehearse    # all of it on this machine: the wheel for
+#                                                     # this python, the pieces moved one at a
+#                                                     # time into a scratch copy, joined, unpacked,
+#                                                     # imported, the check with --cpu-only
+#
+# `run` joins the pieces (each and the whole checked by sha256), unpacks the wheel into its own
+# folder put first on PYTHONPATH (the image's CPU onnxruntime stays as it is: one module, two
+# builds, never installed side by side), imports torch first (its CUDA libraries then resolve
+# for onnxruntime's provider), checks that `import onnxruntime` is the carried build and has
+# its CUDA provider, then runs scripts/gpu_check.py (tiny and mid, every precision it converts; TensorRT is not there, so its
+# stages are skipped and say so) within the time left. The report goes to $OUT when set.
+set -u
+cd "$(dirname "$0")/.."
+VERSION=${ORT_GPU_VERSION:-1.31.1}
+PY=${ORT_GPU_PYTHON:-3.12} # the device image's python (its KINDS.md: Python 3.12.3)
+PIECES=${ORT_GPU_PIECES:-build/carry/ort-gpu}
+WORK=${ORT_GPU_WORK:-/tmp/ort-gpu}
+START=$(date +%s)
+say() { echo "[ort-gpu $(($(date +%s) - START))s] $*"; }
+
+wheel_name() { # the file pip downloads for python $1
+    echo "onnxruntime_gpu-$VERSION-cp${1/./}-cp${1/./}-manylinux_2_28_x86_64.whl"
+}
+
+prepare() { # prepare PYTHON_VERSION: download and cut
+    local py=$1 name
+    name=$(wheel_name "$py")
+    mkdir -p build/carry/wheels
+    if [ ! -f "build/carry/wheels/$name" ]; then
+        say "downloading $name"
+        python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$py" \
+            --platform manylinux_2_28_x86_64 -d build/carry/wheels "onnxruntime-gpu==$VERSION" ||
+            return 1
+    fi
+    # what else travels each call: the tracked and untracked files git does not ignore
+    local tree_mib piece_mib
+    tree_mib=$(git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb 2>/dev/null |
+        tail -1 | awk '{printf "%.1f", $1 / 1048576}')
+    piece_mib=$(awk -v t="$tree_mib" 'BEGIN {printf "%.1f", 64 - t - 1}')
+    rm -rf "$PIECES"
+    python3 scripts/carry.py split "build/carry/wheels/$name" "$PIECES" --piece-mib "$piece_mib"
+    say "the working tree is $tree_mib MiB: pieces of at most $piece_mib MiB"
+    local n=0 part
+    for part in "$PIECES/$name".part-*; do
+        extra=""
+        [ $n = 0 ] && extra="$PIECES/$name.pieces.json, "
+        echo "  call $((n + 1)): carry [$extra$part]"
+        n=$((n + 1))
+    done
+    echo "  each call's command: bash scripts/ort_gpu_check.sh status; the last one's (timeout_s 560): bash scripts/ort_gpu_check.sh run"
+}
+
+unpack() { # unpack PYTHON_VERSION: join the pieces and unpack the wheel into $WORK/site
+    local name
+    name=$(wheel_name "$1")
+    mkdir -p "$WORK"
+    python3 scripts/carry.py join "$PIECES" "$name" "$WORK/$name" || return 1
+    rm -rf "$WORK/site"
+    python3 -m zipfile -e "$WORK/$name" "$WORK/site" || return 1
+    rm -f "$WORK/$name"
+    say "onnxruntime-gpu $VERSION unpacked into $WORK/site"
+}
+
+check() { # check [gpu_check.py arguments]: the provider, then the GPU check's stages
+    export PYTHONPATH=$WORK/site${PYTHONPATH:+:$PYTHONPATH}
+    python3 - "$WORK/site" <<'PY' || return 1
+import sys
+
+try:
+    import torch  # its CUDA 13 libraries, loaded first, serve onnxruntime's provider
+    print("torch", torch.__version__, "cuda", torch.version.cuda,
+          torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")
+except ImportError:
+    print("no torch")
+import onnxruntime as ort
+
+assert ort.__file__.startswith(sys.argv[1]), f"the image's onnxruntime came first: {ort.__file__}"
+if hasattr(ort, "preload_dlls"):
+    ort.preload_dlls()
+print("onnxruntime", ort.__version__, ort.get_device(), ort.get_available_providers())
+assert "CUDAExecutionProvider" in ort.get_available_providers(), "a build without CUDA"
+PY
+    local left=$((${ORT_GPU_SECONDS:-540} - ($(date +%s) - START) - 15))
+    say "scripts/gpu_check.py with $left s left"
+    python3 scripts/gpu_check.py --configs tiny,mid --budget-s "$left" "$@"
+}
+
+case "${1:-}" in
+prepare)
+    prepare "$PY"
+    ;;
+status)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
+    python3 -V
+    python3 scripts/carry.py check "$PIECES" "$(wheel_name "$PY")"
+    ;;
+run)
+    shift
+    unpack "$PY" && check "$@"
+    ;;
+rehearse)
+    # this machine's python (the project's venv, as the image's python3 holds torch there), the
+    # pieces carried one at a time into a scratch copy of the tree
+    [ -x .venv/bin/python3 ] && PATH=$PWD/.venv/bin:$PATH
+    py=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    prepare "$py" || exit 1
+    name=$(wheel_name "$py")
+    scratch=$(mktemp -d)
+    trap 'rm -rf "$scratch"' EXIT
+    git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$scratch"
+    mkdir -p "$scratch/$PIECES"
+    cp "$PIECES/$name.pieces.json" "$scratch/$PIECES/"
+    for part in "$PIECES/$name".part-*; do
+        cp "$part" "$scratch/$PIECES/"
+        (cd "$scratch" && ORT_GPU_PYTHON=$py bash scripts/ort_gpu_check.sh status | grep "pieces here")
+    done
+    cd "$scratch" && ORT_GPU_PYTHON=$py ORT_GPU_WORK=$scratch/work ORT_GPU_SECONDS=${ORT_GPU_SECONDS:-300} \
+        bash scripts/ort_gpu_check.sh run --cpu-only --configs tiny
+    ;;
+*)
+    sed -n '2,30p' "$0"
+    exit 2
+    ;;
+esac

@@ -1,0 +1,355 @@
+"""`personaplex-edge assistant`: its config, its unit, and the service itself on a private
+PulseAudio as systemd runs it (tests/assistant_service.py): sleep and wake, a sound server that
+dies and comes back, SIGHUP, the control socket beside a bad client, the notify protocol."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from personaplex_edge.errors import ConfigError
+from personaplex_edge.runtime.assistant.config import load_config
+
+needs_pulse = pytest.mark.skipif(
+    shutil.which("pulseaudio") is None or shutil.which("paplay") is None,
+    reason="no PulseAudio here (apt-get install pulseaudio pulseaudio-utils; scripts/install.sh "
+           "does, so CI runs these tests)")
+
+
+def _cli(*args, env=None, timeout=60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "personaplex_edge.cli", "assistant", *args],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+# -- the config -----------------------------------------------------------------------------------
+def test_the_file_sets_keys_and_flags_override_them(tmp_path):
+    path = tmp_path / "a.toml"
+    path.write_text('model = "demo"\n[persona]\ntext_prompt = "You sell bread."\nvoice = "NATM1"\n'
+                    "[idle]\nsleep_after = 12.5\n[audio]\naec = false\ninput_device = 3\n")
+    cfg = load_config(path, {"idle.sleep_after": ("--sleep-after", 4.0)})
+    assert cfg["model"] == "demo" and cfg["audio.aec"] is False
+    assert cfg["idle.sleep_after"] == 4.0  # the flag over the file
+    assert cfg["audio.input_device"] == 3 and cfg["audio.output_device"] is None
+    assert cfg.persona.text_prompt == "You sell bread." and cfg.persona.voice == "NATM1"
+    assert cfg["idle.preroll_ms"] == 320 and cfg.source == str(path)  # a default kept
+
+
+def test_no_file_at_the_default_path_means_the_defaults(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    assert load_config().source == "defaults"
+    (tmp_path / "personaplex-edge").mkdir()
+    (tmp_path / "personaplex-edge" / "assistant.toml").write_text("[idle]\nsleep_after = 7\n")
+    assert load_config()["idle.sleep_after"] == 7
+
+
+@pytest.mark.parametrize("text, named", [
+    ("[idle]\nsleep_after = \"soon\"\n", "idle.sleep_after: expected a number"),
+    ("[idle]\nsleep_afterr = 3\n", "unknown key 'idle.sleep_afterr'"),
+    ("[idle]\nvad_aggressiveness = 5\n", "idle.vad_aggressiveness: expected an integer from 0"),
+    ("[audio]\naec = \"yes\"\n", "audio.aec: expected true or false"),
+    ("model = \n", "not valid TOML"),
+])
+def test_a_bad_value_is_one_message_naming_the_key_and_exit_2(tmp_path, text, named):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=named.replace("(", r"\(")):
+        load_config(path)
+    done = _cli("--config", str(path))
+    assert done.returncode == 2 and named in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and str(path) in done.stderr
+
+
+def test_a_bad_flag_is_named_as_the_flag():
+    done = _cli("--sleep-after", "-1", "--no-socket")
+    assert done.returncode == 2 and "--sleep-after: expected at least 0" in done.stderr
+
+
+def test_a_socket_in_use_is_refused_before_the_model_loads(tmp_path):
+    path = tmp_path / "in-use.sock"
+    other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    other.bind(str(path))
+    other.listen(1)
+    try:  # a model that does not exist: the refusal must come first
+        done = _cli("--socket", str(path), "--model", str(tmp_path / "no-model"))
+    finally:
+        other.close()
+    assert done.returncode == 2 and "another assistant answers on" in done.stderr, done.stderr
+    assert path.exists()  # the other's socket is left alone
+
+
+# -- the unit -------------------------------------------------------------------------------------
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None,
+                    reason="no systemd-analyze here (apt-get install systemd; scripts/install.sh "
+                           "does, so CI runs this test)")
+def test_the_installed_unit_passes_systemd_analyze_verify(tmp_path):
+    config = tmp_path / "my config.toml"
+    config.write_text('[idle]\nsleep_after = 30\n')
+    done = _cli("--install-unit", "--unit-dir", str(tmp_path / "units"), "--config", str(config),
+                "--voice-prompt", "NATM1")
+    assert done.returncode == 0, done.stderr
+    unit = tmp_path / "units" / "personaplex-edge-assistant.service"
+    text = unit.read_text()
+    assert "Type=notify" in text and "WatchdogSec=" in text and "@EXEC@" not in text
+    assert f"--config '{config}'" in text and "--voice-prompt NATM1" in text
+    verify = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True,
+                            text=True, timeout=60)
+    assert verify.returncode == 0, verify.stderr
+    # the check judges: the same unit with a command that does not exist is refused
+    broken = tmp_path / "broken" / unit.name
+    broken.parent.mkdir()
+    broken.write_text(text.replace("ExecStart=", "ExecStart=/nonexistent/personaplex-edge "
+                                                 "#"))
+    refused = subprocess.run(["systemd-analyze", "verify", str(broken)], capture_output=True,
+                             text=True, timeout=60)
+    assert refused.returncode != 0 and "nonexistent" in refused.stderr
+
+
+# -- the voice detector ---------------------------------------------------------------------------
+def test_the_voice_detector_hears_speech_and_not_silence_or_hum():
+    import personaplex_edge as pe
+    from personaplex_edge.runtime.assistant.vad import VoiceDetector
+    from personaplex_edge.runtime.bench import bundled_speech
+
+    speech = pe.read_audio(bundled_speech())
+    vad = VoiceDetector()
+
+    def rate(signal):
+        n = signal.shape[0] // 1920
+        return np.mean([vad.speech(signal[i * 1920:(i + 1) * 1920]) for i in range(n)])
+
+    t = np.arange(24000 * 3) / 24000
+    assert rate(speech) > 0.7
+    assert rate(np.zeros(24000 * 3, np.float32)) == 0.0
+    hum = (0.3 * np.sin(2 * np.pi * 50 * t)).astype(np.float32)  # mains hum
+    rate(hum[:24000])  # its first second: the detector learns the noise floor
+    assert rate(hum[24000:]) == 0.0
+
+
+def test_the_gate_sleeps_steps_nothing_and_wakes_over_its_preroll(demo_model):
+    """The service's step on the demo model, frame by frame: asleep after the idle frames, not
+    one LM tick while asleep (the model's own count), muted speech ignored, and the waking
+    frame steps the four pre-roll frames; a persona set while asleep is made ready at once."""
+    import personaplex_edge as pe
+    from personaplex_edge.runtime.assistant.idle import IdleGate, IdlePolicy
+    from personaplex_edge.runtime.bench import bundled_speech
+    from personaplex_edge.runtime.persona import Persona
+
+    speech = pe.read_audio(bundled_speech())
+    events = []
+    conv = demo_model.open_conversation()
+    conv.prefill()
+    gate = IdleGate(conv, demo_model.text, IdlePolicy(sleep_after_frames=10, preroll_frames=4),
+                    events.append)
+    ticks = lambda: conv.group.metrics.frames  # noqa: E731
+    silence = np.zeros(1920, np.float32)
+    fed = 0
+    while not gate.asleep and fed < 20:
+        gate(silence)
+        fed += 1
+    # 10 frames after the last voice (the demo's first answer has a click the detector hears)
+    assert 10 <= fed <= 11 and events[-1]["event"] == "conversation"
+    awake_ticks = ticks()
+    assert awake_ticks == fed
+    for _ in range(20):
+        assert not gate(silence).any()  # silence played
+    gate.muted = True
+    for i in range(10):
+        gate(speech[i * 1920:(i + 1) * 1920])
+    assert gate.asleep and ticks() == awake_ticks  # 30 frames asleep: no step
+    gate.muted = False
+    gate.set_persona(Persona(text_prompt="You sell bread."))
+    gate(silence)
+    assert events[-1]["event"] == "conversation"
+    assert events[-1]["text_prompt"] == "You sell bread." and ticks() == awake_ticks
+    frame = next(i for i in range(40) if gate.user_vad.speech(speech[i * 1920:(i + 1) * 1920]))
+    for i in range(frame + 1):
+        gate(speech[i * 1920:(i + 1) * 1920])
+    wake = [e for e in events if e["event"] == "wake"]
+    assert len(wake) == 1 and wake[0]["preroll_frames"] == 4 and wake[0]["latency_frames"] == 0
+    assert ticks() == awake_ticks + 4 and not gate.asleep  # the pre-roll, at the waking frame
+    assert conv.persona.text_prompt == "You sell bread."
+    conv.close()
+
+
+def test_say_wakes_the_gate_and_keeps_it_awake_until_the_last_word(demo_model):
+    """`say` through the gate (the socket's command): a sleeping model is woken at the next
+    frame and says every word in order (its text pieces are the words), awake through silence
+    longer than its idle time until the last word is done, and asleep again after it."""
+    from personaplex_edge.runtime.assistant.idle import IdleGate, IdlePolicy
+    from personaplex_edge.runtime.sampling import SamplingParams
+
+    words = "your tea is ready"
+    silence = np.zeros(1920, np.float32)
+    events = []
+    conv = demo_model.open_conversation(SamplingParams(greedy=True))
+    conv.prefill()
+    gate = IdleGate(conv, demo_model.text, IdlePolicy(sleep_after_frames=3, preroll_frames=2),
+                    events.append)
+    while not gate.asleep:
+        gate(silence)
+    assert not gate(silence).any()
+    asleep_at, ticks = gate.frame, conv.group.metrics.frames
+    utterance = gate.say(words)
+    assert utterance.words == ("your", "tea", "is", "ready")
+    while not any(e["event"] == "say" and e["word_event"] == "done" and e["last"]
+                  for e in events):
+        gate(silence)
+        assert not gate.asleep, "asleep with words to say"
+        assert gate.frame - asleep_at < 100
+    said = [e for e in events if e["event"] == "say"]
+    assert [e["word"] for e in said if e["word_event"] == "started"] == list(utterance.words)
+    wake = [e for e in events if e["event"] == "wake"]
+    assert wake[-1]["reason"] == "command" and conv.group.metrics.frames > ticks
+    assert all(e["step"] >= 0 for e in said)  # counted from the first frame after the persona
+    for _ in range(3):  # the last word's pieces reach the emitted frames a step later
+        gate(silence)
+    spoken = "".join(e["text"] for e in events[events.index(wake[-1]):] if e["event"] == "text")
+    assert " ".join(utterance.words) in " ".join(spoken.split())
+    for _ in range(7):  # the words done, the idle clock runs again
+        gate(silence)
+    assert gate.asleep
+    conv.close()
+
+
+# -- the service ----------------------------------------------------------------------------------
+@pytest.fixture
+def service(tmp_path, demo_model_dir):
+    from assistant_service import AssistantService
+
+    s = AssistantService(tmp_path, demo_model_dir)
+    yield s
+    s.close()
+
+
+def _status(notes) -> list[str]:
+    return [line[7:] for _, note in notes for line in note.split("\n")
+            if line.startswith("STATUS=")]
+
+
+@needs_pulse
+def test_it_sleeps_when_idle_stops_the_model_and_wakes_on_speech(service):
+    c = service.client
+    sleep_at = c.event("sleep", timeout=20)[0]
+    asleep = c.command("status")
+    time.sleep(2.0)
+    still = c.command("status")
+    assert still["state"] == "asleep" and still["asleep_frames"] >= asleep["asleep_frames"] + 15
+    assert still["lm_ticks"] == asleep["lm_ticks"]  # the model's own tick count: 0 steps
+    played = service.play()
+    i, woke_at, wake = c.event("wake", timeout=15, after=sleep_at)
+    assert wake["reason"] == "speech" and wake["latency_frames"] <= 2, wake
+    assert wake["preroll_frames"] == 4  # the user's first words went to the model
+    assert woke_at - played < 2.0  # the sound server's own latency included
+    awake = c.command("status")
+    assert awake["lm_ticks"] >= still["lm_ticks"] + 4
+    # the notify protocol: READY, the states as STATUS, and the watchdog every 0.5 s
+    notes = service.notify.items
+    statuses = _status(notes)
+    assert "asleep" in statuses and "listening" in statuses, statuses
+    pings = [t for t, note in notes if note == "WATCHDOG=1"]
+    gaps = np.diff(pings)
+    assert len(pings) >= 8 and 0.4 <= statistics.median(gaps) <= 0.75, gaps
+    assert max(gaps) < 1.0  # systemd's limit is WATCHDOG_USEC (1 s here)
+
+
+@needs_pulse
+def test_a_sound_server_that_dies_is_waited_for_and_the_service_resumes(service):
+    c = service.client
+    c.event("state", timeout=20)  # running
+    before = c.command("status")
+    service.kill_sound_server()
+    lost = c.event("device_lost", timeout=15)[0]
+    service.notify.wait(lambda m: "STATUS=waiting for a device" in m, timeout=5)
+    gone = c.command("status")
+    time.sleep(1.5)
+    waiting = c.command("status")
+    # no frames and no steps while the device is away: nothing to answer, no backlog
+    assert waiting["frames"] == gone["frames"] and waiting["lm_ticks"] == gone["lm_ticks"]
+    assert not waiting["devices_open"] and waiting["status"] == "waiting for a device"
+    service.start_sound_server()
+    c.event("device_back", timeout=20, after=lost)
+    time.sleep(1.0)
+    after = c.command("status")
+    assert after["pid"] == before["pid"] and after["device_losses"] == 1
+    assert after["frames"] > waiting["frames"] >= before["frames"]  # the figures go on
+    assert after["model_loads"] == 1
+    log = service.log_text()
+    assert "device lost:" in log and "device back after" in log
+
+
+@needs_pulse
+def test_control_socket_sighup_and_sigterm(service, tmp_path):
+    c = service.client
+    assert os.stat(service.socket_path).st_mode & 0o777 == 0o600  # this user's only
+    # a bad client beside the good one: garbage, a non-object, an unknown command
+    bad = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    bad.connect(str(service.socket_path))
+    bad.sendall(b"{not json\n[1, 2]\n" + json.dumps({"cmd": "dance"}).encode() + b"\n")
+    answers = bad.makefile("r")
+    errors = [json.loads(answers.readline()) for _ in range(3)]
+    assert [e["ok"] for e in errors] == [False] * 3
+    assert "not a JSON line" in errors[0]["error"]
+    assert "unknown command 'dance'" in errors[2]["error"]
+    bad.sendall(b'{"cmd": "status"}\n')  # its session goes on
+    assert json.loads(answers.readline())["ok"] is True
+    bad.close()
+    assert c.command("status")["ok"] is True  # and the good one never noticed
+    # mute: speech while asleep does not wake the model; unmuted, it does
+    mark = c.event("sleep", timeout=20)[0]
+    assert c.command("mute")["muted"] is True
+    service.play()
+    time.sleep(2.5)
+    assert c.command("status")["state"] == "asleep"
+    c.command("unmute")
+    service.play()
+    c.event("wake", timeout=10, after=mark, reason="speech")
+    # SIGHUP: a new persona at the next conversation, the model not loaded again
+    service.write_config(sleep_after=1.5, text_prompt="You answer in riddles.")
+    service.proc.send_signal(signal.SIGHUP)
+    service.notify.wait(lambda m: "RELOADING=1" in m, timeout=10)
+    reloaded = c.event("reloaded", timeout=10)[2]
+    assert reloaded["next_conversation"] == ["persona.text_prompt"]
+    c.command("sleep")
+    new = c.event("conversation", timeout=10, text_prompt="You answer in riddles.")[2]
+    assert new["persona_cached"] is False  # a persona the model had never run
+    c.command("wake")
+    c.event("wake", timeout=10, reason="command")
+    status = c.command("status")
+    assert status["persona"]["text_prompt"] == "You answer in riddles."
+    assert status["model_loads"] == 1 and status["conversations"] >= 3
+    # say: the words' events reach the client; a bad say is that client's error line
+    assert c.command("say")["ok"] is False
+    said = c.command("say", text="the door is open")
+    assert said["ok"] is True and said["words"] == ["the", "door", "is", "open"]
+    c.event("say", timeout=20, word_event="done", last=True, word="open")
+    started = [m["word"] for _, m in c.lines.items if m.get("event") == "say"
+               and m.get("word_event") == "started"]
+    assert started == ["the", "door", "is", "open"]
+    # SIGTERM: STOPPING=1, a summary, exit 0, the socket gone
+    service.proc.send_signal(signal.SIGTERM)
+    service.notify.wait(lambda m: "STOPPING=1" in m, timeout=10)
+    assert service.proc.wait(timeout=30) == 0
+    assert "stopped:" in service.log_text() and not service.socket_path.exists()
+    assert "Traceback" not in service.log_text()
+    assert "\r" not in service.log_text()  # not a terminal: lines for journald, no redraws
+
+
+def test_the_docs_name_every_config_key_and_command():
+    from pathlib import Path
+
+    from personaplex_edge.runtime.assistant.commands import COMMANDS
+    from personaplex_edge.runtime.assistant.config import KEYS
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "assistant.md").read_text()
+    assert [k for k in KEYS if f"| `{k}` |" not in doc] == []
+    assert [c for c in COMMANDS if f"| `{c}` |" not in doc] == []

@@ -1,0 +1,195 @@
+"""The server's Ogg/Opus (the system's libopus + the project's Ogg pages) against peers nobody
+here wrote: sphn (moshi's codec: what its client and server hear), libsndfile (soundfile's
+Ogg/Opus reader and writer: pre-skip and granule positions honoured as RFC 7845 says) and
+libogg (pages whose packets continue across pages)."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+
+import numpy as np
+import pytest
+import soundfile as sf
+from bench_serve import FRAME, RATE, speech
+
+from personaplex_edge.runtime.serve import libopus
+from personaplex_edge.runtime.serve.ogg import (CONTINUED, FIRST, HEADER, OpusHead, PageWriter,
+                                                crc, ogg_pages, opus_tags)
+from personaplex_edge.runtime.serve.opus import OpusDecoder, OpusEncoder, OpusError
+
+if libopus.load() is None:
+    pytest.skip(f"libopus is not installed: {libopus.INSTALL_HINT}", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def pcm():
+    return speech(4.0)  # 50 frames of the bundled speech
+
+
+def encode(pcm: np.ndarray) -> list[bytes]:
+    """pcm through our encoder frame by frame, as the server sends its answers."""
+    enc = OpusEncoder(RATE)
+    return [enc.encode(pcm[i:i + FRAME]) for i in range(0, pcm.shape[0], FRAME)]
+
+
+def decode(messages) -> np.ndarray:
+    dec = OpusDecoder(RATE, FRAME)
+    frames = [f for m in messages for f in dec.feed(m)]
+    return np.concatenate(frames) if frames else np.zeros(0, np.float32)
+
+
+def lag_of(x: np.ndarray, ref: np.ndarray, span: int = 400) -> int:
+    """The delay of `x` against `ref` that best explains it (normalised correlation)."""
+    n = min(x.shape[0], ref.shape[0]) - 2 * span
+    scores = {lag: float(np.dot(x[span + lag:span + lag + n], ref[span:span + n]) /
+                         np.linalg.norm(x[span + lag:span + lag + n]))
+              for lag in range(-span, span + 1)}
+    return max(scores, key=scores.get)
+
+
+def test_we_decode_what_sphn_encodes_sample_for_sample(pcm):
+    """moshi's client's stream -> the very samples moshi's server (sphn's reader) decodes."""
+    sphn = pytest.importorskip("sphn")
+    writer, reader = sphn.OpusStreamWriter(RATE), sphn.OpusStreamReader(RATE)
+    messages = [writer.append_pcm(pcm[i:i + FRAME]) for i in range(0, pcm.shape[0], FRAME)]
+    theirs = np.concatenate([np.asarray(reader.append_bytes(m), np.float32) for m in messages])
+    ours = decode(messages)
+    assert ours.shape == theirs.shape == pcm.shape
+    np.testing.assert_array_equal(ours, theirs)
+
+
+def test_sphn_decodes_what_we_encode(pcm):
+    """Our answer stream through moshi's client's reader: every sample, the same as ours."""
+    sphn = pytest.importorskip("sphn")
+    messages = encode(pcm)
+    reader = sphn.OpusStreamReader(RATE)
+    theirs = np.concatenate([np.asarray(reader.append_bytes(m), np.float32) for m in messages])
+    np.testing.assert_array_equal(theirs, decode(messages))
+    assert theirs.shape == pcm.shape
+    # the speech itself, delayed by the encoder's lookahead (kept, as sphn keeps it)
+    assert abs(lag_of(theirs, pcm) - OpusEncoder(RATE)._codec.lookahead) <= 2
+
+
+def test_libsndfile_plays_our_stream_with_its_pre_skip_and_length(pcm, tmp_path):
+    """A player that honours RFC 7845 (libsndfile) drops exactly the pre-skip the OpusHead
+    states and stops where the granule positions say: what comes out lines up with the
+    input at lag 0, one lookahead shorter."""
+    path = tmp_path / "answer.opus"
+    path.write_bytes(b"".join(encode(pcm)))
+    played, rate = sf.read(str(path), dtype="float32")
+    lookahead = OpusEncoder(RATE)._codec.lookahead
+    assert rate == RATE and played.shape == (pcm.shape[0] - lookahead,)
+    assert abs(lag_of(played, pcm)) <= 2  # the lossy codec blurs the peak by a sample
+
+
+def test_we_read_what_libsndfile_writes(pcm, tmp_path):
+    """libsndfile's Ogg/Opus (many packets per page, its own pre-skip): our frames are its own
+    decode, shifted by the pre-skip we keep."""
+    path = tmp_path / "question.opus"
+    sf.write(str(path), pcm, RATE, format="OGG", subtype="OPUS")
+    data = path.read_bytes()
+    assert max(p[26] for p in ogg_pages(data)) > 2  # pages of many packets
+    dec = OpusDecoder(RATE, FRAME)
+    ours = np.concatenate([f for at in range(0, len(data), 777) for f in dec.feed(data[at:at + 777])])
+    theirs, _ = sf.read(str(path), dtype="float32")
+    skip = dec.head.pre_skip * RATE // 48000
+    n = min(ours.shape[0] - skip, theirs.shape[0])
+    assert n > pcm.shape[0] - 2 * FRAME
+    np.testing.assert_allclose(ours[skip:skip + n], theirs[:n], atol=1e-6)
+
+
+def test_pages_in_any_chunking_give_the_same_frames(pcm):
+    messages = encode(pcm[:12 * FRAME])
+    whole = decode(messages)
+    data = b"".join(messages)
+    rng = np.random.default_rng(0)
+    cuts = np.sort(rng.choice(np.arange(1, len(data)), 60, replace=False))
+    pieces = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]
+    np.testing.assert_array_equal(decode(pieces), whole)
+    np.testing.assert_array_equal(decode([data[i:i + 1] for i in range(len(data))]), whole)
+
+
+class _Libogg:
+    """libogg's page writer through ctypes: packets in, pages out. It cuts a page at 255
+    segments even inside a packet, which then continues on the next page."""
+
+    class Page(ctypes.Structure):
+        _fields_ = [("header", ctypes.c_void_p), ("header_len", ctypes.c_long),
+                    ("body", ctypes.c_void_p), ("body_len", ctypes.c_long)]
+
+    class Packet(ctypes.Structure):
+        _fields_ = [("packet", ctypes.c_char_p), ("bytes", ctypes.c_long),
+                    ("b_o_s", ctypes.c_long), ("e_o_s", ctypes.c_long),
+                    ("granulepos", ctypes.c_int64), ("packetno", ctypes.c_int64)]
+
+    def __init__(self):
+        path = ctypes.util.find_library("ogg")
+        if path is None:
+            pytest.skip("libogg is not installed (apt-get install libogg0)")
+        self.lib = ctypes.CDLL(path)
+        self.state = ctypes.create_string_buffer(4096)  # ogg_stream_state is ~400 bytes
+        self.lib.ogg_stream_init(self.state, 7)
+
+    def pages(self, packets: list[bytes], samples_48k: int) -> bytes:
+        out, granule = b"", 0
+        for n, data in enumerate(packets):
+            granule += samples_48k if n >= 2 else 0
+            op = self.Packet(data, len(data), int(n == 0), 0, granule, n)
+            assert self.lib.ogg_stream_packetin(self.state, ctypes.byref(op)) == 0
+            if n < 2:  # the headers on pages of their own, as RFC 7845 asks
+                out += self._drain()
+        return out + self._drain()
+
+    def _drain(self) -> bytes:
+        og, out = self.Page(), b""
+        while self.lib.ogg_stream_flush_fill(self.state, ctypes.byref(og), 1 << 20):
+            out += (ctypes.string_at(og.header, og.header_len) +
+                    ctypes.string_at(og.body, og.body_len))
+        return out
+
+
+def test_packets_laced_across_pages_by_libogg(pcm):
+    """Packets of two segments each (64 kbit/s), paged by libogg into pages of 255 segments:
+    a packet straddles a page boundary. Joined, they decode to what the same packets one
+    per page (our writer's paging) decode to; and libogg's CRC is ours."""
+    enc = libopus.Encoder(RATE)
+    assert enc._lib.opus_encoder_ctl(enc._state, 4002, ctypes.c_int32(64000)) == 0  # bitrate
+    audio = np.tile(pcm, 5)  # 500 packets, ~900 segments
+    packets = [enc.encode(audio[i:i + 960]) for i in range(0, audio.shape[0], 960)]
+    assert sum(len(p) > 255 for p in packets) > len(packets) // 2
+    head = OpusHead(1, enc.lookahead * 2, RATE)
+    ours = PageWriter(head)
+    one_per_page = ours.headers() + b"".join(ours.packet(p, 1920) for p in packets)
+    data = _Libogg().pages([head.to_bytes(), opus_tags("libogg"), *packets], 1920)
+    pages = ogg_pages(data)
+    assert any(p[5] & CONTINUED for p in pages)
+    assert all(crc(p[:22] + bytes(4) + p[26:]) == int.from_bytes(p[22:26], "little")
+               for p in pages)
+    np.testing.assert_array_equal(decode([data]), decode([one_per_page]))
+
+
+def test_our_stream_as_sphn_pages_it(pcm):
+    """Headers first (OpusHead on the first page, flagged so), then one 40 ms packet per
+    page: two pages per answer frame, granule positions at 48 kHz, as sphn's writer makes."""
+    messages = encode(pcm[:4 * FRAME])
+    first = ogg_pages(messages[0])
+    assert first[0][5] == FIRST and OpusHead.parse(first[0][HEADER.size + 1:]).input_rate == RATE
+    assert first[1][HEADER.size + 1:].startswith(b"OpusTags")
+    head = OpusHead.parse(first[0][HEADER.size + 1:])
+    assert head.pre_skip == OpusEncoder(RATE)._codec.lookahead * 2 and head.channels == 1
+    audio = first[2:] + [p for m in messages[1:] for p in ogg_pages(m)]
+    assert [len(ogg_pages(m)) for m in messages[1:]] == [2, 2, 2]
+    assert [int.from_bytes(p[6:14], "little") for p in audio] == [1920 * (i + 1) for i in range(8)]
+    assert [int.from_bytes(p[18:22], "little") for p in first[:2] + audio] == list(range(10))
+
+
+@pytest.mark.parametrize("corrupt, reason", [
+    (lambda d: d[:30] + bytes([d[30] ^ 1]) + d[31:], "CRC does not match"),
+    (lambda d: d[:4] + b"\x01" + d[5:], "version 1"),
+    (lambda d: ogg_pages(d)[1] + b"".join(ogg_pages(d)[2:]), "does not start with an OpusHead"),
+])
+def test_a_damaged_stream_is_refused_with_its_reason(pcm, corrupt, reason):
+    data = encode(pcm[:2 * FRAME])[0]
+    with pytest.raises(OpusError, match=f"not an Ogg/Opus stream .*{reason}"):
+        OpusDecoder().feed(corrupt(data))
