@@ -26,7 +26,6 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -39,22 +38,6 @@ def stats(ms: list[float]) -> dict[str, float]:
     a = np.asarray(ms)
     return {"mean": float(a.mean()), "p50": float(np.median(a)),
             "p90": float(np.percentile(a, 90))}
-
-
-def copy_bandwidth(threads: int, mbytes: int = 512, repeats: int = 5) -> float:
-    """Bytes/s moved by parallel numpy copies (read + write counted)."""
-    n = mbytes * (1 << 20) // 4
-    src = np.ones(n, np.float32)
-    dst = np.zeros(n, np.float32)
-    chunks = np.array_split(np.arange(n), threads)
-    bounds = [(int(c[0]), int(c[-1]) + 1) for c in chunks]
-    best = float("inf")
-    with ThreadPoolExecutor(threads) as pool:
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            list(pool.map(lambda b: np.copyto(dst[b[0]:b[1]], src[b[0]:b[1]]), bounds))
-            best = min(best, time.perf_counter() - t0)
-    return 2 * src.nbytes / best
 
 
 def load_reference(cfg, ckpt: Path):
@@ -143,6 +126,8 @@ def main() -> None:
     gc.collect()
     n = args.frames + args.warmup
     user = np.random.default_rng(0).integers(0, cfg.audio_vocab_size, (n, 8)).astype(np.int64)
+
+    from frame_bytes import copy_bandwidth
 
     bandwidth = copy_bandwidth(args.threads)
     o_tmp, o_dep, o_tok = run_ours(model_dir, user, args.threads, args.warmup)

@@ -29,17 +29,6 @@ DEVICES = {"Jetson AGX Orin": 204.8, "Jetson AGX Thor": 273.0, "RTX 4090": 1008.
 # machine that has no onnx (scripts/helium_timing.py)
 
 
-def _init_bytes(t) -> int:
-    """Stored bytes of an initializer (onnx TensorProto), from its type and shape (external data
-    not read)."""
-    import onnx
-
-    count = int(np.prod(t.dims, dtype=np.int64))
-    if t.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
-        return (count + 1) // 2
-    return count * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-
-
 def _tables(graph) -> set[str]:
     """Initializers that only feed Gather data inputs (through Reshape/Identity/Cast)."""
     producers = {o: n for n in graph.node for o in n.output}
@@ -58,9 +47,11 @@ def graph_bytes_per_frame(path: str | Path) -> int:
     """Initializer bytes one run of a graph reads (tables excluded)."""
     import onnx
 
+    from personaplex_edge.export.graph_edit import tensor_bytes
+
     graph = onnx.load(str(path), load_external_data=False).graph
     tables = _tables(graph)
-    return sum(_init_bytes(t) for t in graph.initializer if t.name not in tables)
+    return sum(tensor_bytes(t) for t in graph.initializer if t.name not in tables)
 
 
 def model_bytes_per_frame(model_dir: str | Path, manifest: Manifest,
@@ -132,6 +123,31 @@ def estimate_bytes_per_frame(cfg: PersonaPlexConfig, layout: Layout,
     h = cfg.temporal_config
     kv = 2 * h.num_hidden_layers * h.max_position_embeddings * h.hidden_size * layout.kv_bytes
     return {"weights": weights, "kv": kv, "total": weights + kv}
+
+
+def copy_bandwidth(threads: int, mbytes: int = 512, repeats: int = 5) -> float:
+    """Bytes/s moved by parallel numpy copies (read + write counted, like STREAM's copy): the
+    floor bench_lm.py holds the LM to."""
+    n = mbytes * (1 << 20) // 4
+    src = np.ones(n, np.float32)
+    dst = np.zeros(n, np.float32)
+    return 2 * src.nbytes / _best_parallel(threads, n, repeats,
+                                           lambda a, b: np.copyto(dst[a:b], src[a:b]))
+
+
+def _best_parallel(threads: int, n: int, repeats: int, work) -> float:
+    """The fastest of `repeats` runs of `work(a, b)` over 0..n split between `threads`."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    bounds = np.linspace(0, n, threads + 1).astype(int)
+    best = float("inf")
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            list(pool.map(lambda i: work(bounds[i], bounds[i + 1]), range(threads)))
+            best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def floor_ms(nbytes: int, gb_per_s: float) -> float:

@@ -1,17 +1,18 @@
-"""Weights streamed from a safetensors checkpoint into a graph's external data, tensor by tensor.
+"""What each LM parameter is made of in the checkpoint, and reading it tensor by tensor.
 
 The 7B LM is 16.7 GB of bf16 and 33 GB once converted to float32: a machine that can run it
 cannot also hold a second copy for the exporter. So the graphs are traced without their weights
-(parameters stay graph inputs) and each parameter is then written here, straight from the
-checkpoint file to the graph's `<graph>.onnx.data`, converted on the way:
+(parameters stay graph inputs) and each parameter is then read here, from the checkpoint file,
+one at a time, converted to float32 on the way, and written in its final precision by
+lm_weights.py:
 
-    safetensors file --reads (row blocks)--> bf16 bits --numpy--> float32 --> .onnx.data
+    safetensors file --reads (row blocks)--> bf16 bits --numpy--> float32 --> lm_weights.py
 
-(the reader is safetensors_file.py, the writer external_data.py). A parameter's value is a
-`WeightPlan`: rows of one or more checkpoint tensors, concatenated along dim 0 and reshaped.
-That one form covers the published layout's packings: the depformer's per-step slices of
-`in_proj_weight` (a row range), Helium's stacked audio tables (16 tensors one after another)
-and every plain tensor (all rows of one). Nothing here imports torch.
+(the reader is safetensors_file.py). A parameter's value is a `WeightPlan`: rows of one or more
+checkpoint tensors, concatenated along dim 0 and reshaped. That one form covers the published
+layout's packings: the depformer's per-step slices of `in_proj_weight` (a row range), Helium's
+stacked audio tables (16 tensors one after another) and every plain tensor (all rows of one).
+Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -19,14 +20,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
+from typing import Iterator
 
 import numpy as np
 
 from personaplex_edge.errors import CheckpointError
 
-from .external_data import ExternalDataFile
-from .safetensors_file import SafetensorsHeader
+from .safetensors_file import SafetensorsHeader, into_float32
 
 
 @dataclass(frozen=True)
@@ -67,55 +67,34 @@ class WeightPlan:
             raise CheckpointError(f"{header.path}: parameter {name} {list(self.shape)} cannot be "
                                   f"built from {self.keys()} ({elems} elements)")
 
-    def blocks(self, header: SafetensorsHeader) -> Iterator[np.ndarray]:
+    def rows(self, header: SafetensorsHeader, a: int, b: int) -> "WeightPlan":
+        """The plan of rows a..b of this parameter (along its first axis), in checkpoint
+        terms: each row must start and end on rows of the checkpoint tensors it comes from."""
+        per_row = math.prod(self.shape[1:])
+        lo, hi = a * per_row, b * per_row  # elements of the concatenation
+        segments, at = [], 0
         for s in self.segments:
-            yield from header.iter_rows(s.key, s.start, s.stop)
+            t = header.info(s.key)
+            stop = t.shape[0] if s.stop is None else s.stop
+            n = (stop - s.start) * t.row_elements
+            first, last = max(lo, at), min(hi, at + n)
+            if first < last:
+                if (first - at) % t.row_elements or (last - at) % t.row_elements:
+                    raise ValueError(f"rows {a}..{b} of a {list(self.shape)} parameter cut "
+                                     f"rows of '{s.key}'")
+                segments.append(Segment(s.key, s.start + (first - at) // t.row_elements,
+                                        s.start + (last - at) // t.row_elements))
+            at += n
+        return WeightPlan(tuple(segments), (b - a, *self.shape[1:]))
 
     def read(self, header: SafetensorsHeader) -> np.ndarray:
-        """The whole parameter as float32 `shape` (for the check's torch side)."""
-        return np.concatenate([b.reshape(-1) for b in self.blocks(header)]).reshape(self.shape)
-
-
-def attach_external_weights(model_path: str | Path, plans: Mapping[str, WeightPlan],
-                            header: SafetensorsHeader,
-                            progress: Callable[[int], None] | None = None) -> dict[str, str]:
-    """Turns the parameter inputs of a graph exported without its weights (torch.onnx.export
-    with export_params=False, keep_initializers_as_inputs=True) into initializers whose data is
-    written from `header`'s file into `<model>.data`. `plans` maps each parameter input name to
-    what it is made of; every plan must be used and every parameter input must have a plan.
-    Returns {data file name: sha256}."""
-    import onnx
-
-    model_path = Path(model_path)
-    model = onnx.load(str(model_path), load_external_data=False)
-    graph = model.graph
-    if graph.initializer:
-        raise ValueError(f"{model_path.name} already holds weights")
-    names = {i.name for i in graph.input}
-    unused = sorted(set(plans) - names)
-    if unused:
-        raise ValueError(f"{model_path.name}: no graph input for parameter(s) {unused[:5]}")
-    for name in plans:
-        plans[name].check(header, name)
-    data = ExternalDataFile(model_path.with_name(model_path.name + ".data"), progress=progress)
-    try:
-        kept = []
-        for inp in graph.input:
-            plan = plans.get(inp.name)
-            if plan is None:
-                kept.append(inp)
-                continue
-            dims = tuple(d.dim_value for d in inp.type.tensor_type.shape.dim)
-            if dims != plan.shape or inp.type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
-                raise ValueError(f"{model_path.name}: parameter {inp.name} is {dims} in the "
-                                 f"graph, {plan.shape} float32 in the plan")
-            graph.initializer.append(data.add_float32(inp.name, plan.shape,
-                                                      plan.blocks(header)))
-        digest = data.close()
-    except BaseException:
-        data.abort()
-        raise
-    del graph.input[:]
-    graph.input.extend(kept)
-    model_path.write_bytes(model.SerializeToString())
-    return {data.path.name: digest}
+        """The whole parameter as float32 `shape`, each block of stored bits widened straight
+        into its place (no concatenation: one pass, no second copy)."""
+        out = np.empty(self.shape, np.float32)
+        flat, at = out.reshape(-1), 0
+        for s in self.segments:
+            dtype = header.info(s.key).dtype
+            for bits in header.iter_raw(s.key, s.start, s.stop):
+                into_float32(bits.reshape(-1), dtype, flat[at:at + bits.size])
+                at += bits.size
+        return out

@@ -27,12 +27,26 @@ _INLINE_LIMIT = 1_800_000_000  # protobuf's 2 GB cap, with room for the graph it
 _INLINE_BELOW = 1024  # constants smaller than this stay in the graph even when data is external
 
 
+def tensor_bytes(t: TensorProto) -> int:
+    """Stored bytes of an initializer, from its type and shape (its data not read)."""
+    count = int(np.prod(t.dims, dtype=np.int64))
+    if t.data_type in (TensorProto.INT4, TensorProto.UINT4):
+        return (count + 1) // 2
+    return count * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+
+
 class EditableGraph:
     """A graph loaded without its external weights, with the few edits the passes need."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, model: onnx.ModelProto | None = None):
+        """The graph at `path`, or `model` (a copy is edited; `path` is then where its external
+        data would be)."""
         self.path = Path(path)
-        self.model = onnx.load(str(path), load_external_data=False)
+        if model is None:
+            self.model = onnx.load(str(path), load_external_data=False)
+        else:
+            self.model = onnx.ModelProto()
+            self.model.CopyFrom(model)
         self.graph = self.model.graph
         self.inits = {t.name: t for t in self.graph.initializer}
         self.lazy: dict[str, Callable[[], np.ndarray]] = {}
@@ -69,6 +83,25 @@ class EditableGraph:
         placeholder = TensorProto(name=name, data_type=data_type, dims=[int(d) for d in dims])
         self.put(placeholder)
         self.lazy[name] = make
+
+    def adopt_inputs(self, sources: dict[str, Callable[[], np.ndarray]]) -> None:
+        """Graph inputs named in `sources` become lazy initializers made by their source (the
+        parameters of a graph traced without its weights, read from a checkpoint when the graph
+        is written). The graph is then saved with external data, whatever its size."""
+        kept = []
+        for v in self.graph.input:
+            if v.name not in sources:
+                kept.append(v)
+                continue
+            t = v.type.tensor_type
+            self.put_lazy(v.name, t.elem_type, [d.dim_value for d in t.shape.dim],
+                          sources[v.name])
+        missing = sorted(set(sources) - {v.name for v in self.graph.input})
+        if missing:
+            raise ValueError(f"{self.path.name}: no graph input for {missing[:5]}")
+        del self.graph.input[:]
+        self.graph.input.extend(kept)
+        self.external = True
 
     def materialize(self, name: str) -> TensorProto:
         tensor = numpy_helper.from_array(np.ascontiguousarray(self.lazy[name]()), name)
@@ -123,11 +156,16 @@ class EditableGraph:
         return t.raw_data if t.HasField("raw_data") else numpy_helper.from_array(
             numpy_helper.to_array(t), t.name).raw_data
 
-    def save(self, path: Path, data_name: str) -> dict[str, str]:
+    def stored_bytes(self) -> int:
+        """What the graph's weights take once written."""
+        return sum(tensor_bytes(t) for t in self.graph.initializer)
+
+    def save(self, path: Path, data_name: str,
+             progress: Callable[[int], None] | None = None) -> dict[str, str]:
         """Writes the graph to `path`; weights inline when they fit in one protobuf, else in the
         file `data_name` beside it (through a temporary name, so that the source graph's data
         file of the same name stays readable until the new one is complete). Returns the
-        external data files written, {name: sha256}."""
+        external data files written, {name: sha256}; `progress(n)` after each n bytes."""
         path = Path(path)
         total = sum(int(np.prod(t.dims, dtype=np.int64)) * 4 for t in self.inits.values())
         if not self.external and total < _INLINE_LIMIT:
@@ -136,7 +174,8 @@ class EditableGraph:
                     t.CopyFrom(self.materialize(t.name))
             onnx.save_model(self.model, str(path))
             return {}
-        data = ExternalDataFile(path.parent / f".{data_name}.partial", location=data_name)
+        data = ExternalDataFile(path.parent / f".{data_name}.partial", location=data_name,
+                                progress=progress)
         try:
             for t in self.graph.initializer:
                 raw = self._raw(t)

@@ -22,29 +22,35 @@ from __future__ import annotations
 
 import math
 import re
-import shutil
+import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
+import onnx
 import torch
 from torch import nn
 
 from personaplex_edge.config import PersonaPlexConfig
 from personaplex_edge.contract import (AUDIO_NOISE, AUDIO_TEMPERATURE, AUDIO_TOKENS, AUDIO_TOP_K,
                                        DEPFORMER_STEP, EXTRA_EMBEDDING, FRAMES_AXIS, HELIUM_STEP,
-                                       HIDDEN, KV_KINDS, POSITION, TEXT_NOISE, TEXT_TEMPERATURE,
-                                       TEXT_TOKEN, TEXT_TOP_K, TOKENS, kv_input, kv_output)
+                                       HIDDEN, KV_INPUT_PREFIX, KV_KINDS, POSITION, TEXT_NOISE,
+                                       TEXT_TEMPERATURE, TEXT_TOKEN, TEXT_TOP_K, TOKENS, kv_input,
+                                       kv_output)
 from personaplex_edge.manifest import GraphEntry, TensorSpec
 from personaplex_edge.gumbel import gumbel_noise
 from personaplex_edge.streams import NUM_STREAMS
 
 from .checkpoint import TensorFile, check_tensors
 from .depformer import Depformer
-from .frugal import SafetensorsHeader, Segment, WeightPlan, attach_external_weights
+from .frugal import SafetensorsHeader, Segment, WeightPlan
 from .helium import Helium
-from .onnx_export import ExportMismatch, export_step, verify_step
+from .lm_weights import (checkpoint_sources, final_graph, made, read_parameter, spot_check,
+                         stored_build, write_graph)
+from .onnx_export import export_step, trace_step, verify_step
+from .precision_plan import PrecisionPlan
 from .sampling import DEFAULT_K_MAX
 
 Shapes = dict[str, tuple[int, ...]]
@@ -240,6 +246,15 @@ def depformer_inputs(cfg: PersonaPlexConfig, batch: int, k_max: int) -> list[Ten
             TensorSpec(AUDIO_TOP_K, (batch,), "int64")]
 
 
+def trace_inputs(specs: list[TensorSpec], cfg: PersonaPlexConfig,
+                 ) -> list[tuple[TensorSpec, torch.Tensor]]:
+    """What a graph is traced on: example_inputs, but each KV ring a zero expanded to its shape
+    (no memory: a trace records shapes, not values; the 7B's ring is 3.1 GB of float32)."""
+    examples = example_inputs([s for s in specs if not s.name.startswith(KV_INPUT_PREFIX)], cfg)
+    return [(s, torch.from_numpy(examples[s.name]) if s.name in examples
+             else torch.zeros((), dtype=torch.float32).expand(s.shape)) for s in specs]
+
+
 def example_inputs(specs: list[TensorSpec], cfg: PersonaPlexConfig, seed: int = 0,
                    ) -> dict[str, np.ndarray]:
     """Non-trivial inputs for tracing and for the export check: random ring contents, a position
@@ -328,18 +343,6 @@ def placeholder_lm(cfg: PersonaPlexConfig) -> tuple[Helium, Depformer]:
     return helium.eval(), depformer.eval()
 
 
-def read_parameter(plan: WeightPlan, header: SafetensorsHeader) -> torch.Tensor:
-    """A parameter as float32, converted by torch from the stored bits: a path independent of
-    the numpy conversion that wrote the graph's data, so the check covers that too."""
-    parts = []
-    for s in plan.segments:
-        dtype = header.info(s.key).dtype
-        for bits in header.iter_raw(s.key, s.start, s.stop):
-            t = torch.from_numpy(bits.view(np.int16) if dtype == "BF16" else bits)
-            parts.append((t.view(torch.bfloat16) if dtype == "BF16" else t).float().reshape(-1))
-    return torch.cat(parts).reshape(plan.shape)
-
-
 @contextmanager
 def streamed_weights(module: nn.Module, plans: dict[str, WeightPlan], header: SafetensorsHeader,
                      streamed: list[str]) -> Iterator[None]:
@@ -372,19 +375,19 @@ def streamed_weights(module: nn.Module, plans: dict[str, WeightPlan], header: Sa
         drop(list(plans))
 
 
-class _Bytes:
-    """Progress of a long write, reported every `step` bytes."""
-
-    def __init__(self, what: str, total: int, progress: Callable[[str], None],
-                 step: int = 1 << 30):
-        self.what, self.total, self.progress, self.step = what, total, progress, step
-        self.done, self.next = 0, step
-
-    def __call__(self, n: int) -> None:
-        self.done += n
-        if self.done >= self.next:
-            self.next += self.step
-            self.progress(f"    {self.what}: {self.done / 1e9:.1f} / {self.total / 1e9:.1f} GB")
+@contextmanager
+def shared_weights(module: nn.Module, arrays: dict[str, np.ndarray]) -> Iterator[None]:
+    """The arrays a traced graph is fed (`owner.<parameter name>` -> float32) as a placeholder
+    module's parameters for the duration of a call, shared, not copied; placeholders are back
+    afterwards."""
+    placeholders = dict(module.named_parameters())
+    try:
+        for n in placeholders:
+            _set_parameter(module, n, torch.from_numpy(arrays[f"owner.{n}"]))
+        yield
+    finally:
+        for n, p in placeholders.items():
+            _set_parameter(module, n, p)
 
 
 def _streamed_parts(cfg: PersonaPlexConfig) -> tuple[list[str], list[str]]:
@@ -460,102 +463,119 @@ def _probe_config(cfg: PersonaPlexConfig) -> PersonaPlexConfig:
     return PersonaPlexConfig.from_dict(d)
 
 
+def _ring_names(name: str, cfg: PersonaPlexConfig) -> tuple[list[str], list[str]]:
+    """(ring inputs, row outputs) of an LM graph: helium_step's KV ring, none elsewhere."""
+    if name != HELIUM_STEP:
+        return [], []
+    layers = range(cfg.temporal_config.num_hidden_layers)
+    return ([kv_input(i, kind) for i in layers for kind in KV_KINDS],
+            [kv_output(i, kind) for i in layers for kind in KV_KINDS])
+
+
 def _export_graph(job, header: SafetensorsHeader, out_dir: Path, cfg: PersonaPlexConfig,
-                  check: bool, progress: Callable[[str], None]) -> GraphEntry:
-    """Traces one graph on placeholders, writes its weights, and (with `check`) runs it once in
-    onnxruntime beside the torch module with the real weights streamed in."""
+                  check: bool, progress: Callable[[str], None],
+                  plan: PrecisionPlan | None = None) -> tuple[GraphEntry, onnx.ModelProto]:
+    """Traces one graph on placeholders and writes it with its weights in `plan`'s precision
+    (None: float32), straight from the checkpoint (lm_weights.py). With `check`, the float32
+    graph first runs once in onnxruntime beside the torch module, its weights fed from memory.
+    Returns its entry (KV rings split out, in the plan's dtype) and the weightless trace."""
+    from .precision import planned_entry
+
     name, owner, fn, specs, outputs, plans, streamed = job
-    examples = example_inputs(specs, cfg)
     path = out_dir / f"{name}.onnx"
-    total = sum(p.nbytes for p in plans.values())
-    progress(f"  {name}.onnx: writing {total / 1e9:.2f} GB of float32 weights")
-    sink = _Bytes(f"{name}.onnx.data", total, progress)
+    sources = checkpoint_sources(plans, header)
+    rings = _ring_names(name, cfg)
+    kept: dict = {}
+    t0 = time.perf_counter()
 
     def weights(p):
-        return attach_external_weights(p, {f"owner.{k}": v for k, v in plans.items()}, header,
-                                       sink)
+        trace = kept["trace"] = onnx.load(str(p))  # small: the parameters are inputs
+        progress(f"  {name}.onnx: traced ({time.perf_counter() - t0:.0f} s)")
+        if check:
+            t1 = time.perf_counter()
+            kept["check"] = check_lm_graph(p, job, header, cfg, weights=made(sources))
+            progress(f"  {name}.onnx: the float32 graph checked in onnxruntime against torch "
+                     f"({time.perf_counter() - t1:.0f} s)")
+        g = final_graph(trace, p, sources, plan, rings)
+        what = "fp32" if plan is None else plan.precision
+        progress(f"  {name}.onnx: writing its {g.stored_bytes() / 1e9:.2f} GB of weights "
+                 f"({what}) from the checkpoint")
+        t1 = time.perf_counter()
+        files = write_graph(g, p, progress)
+        progress(f"  {name}.onnx: written ({time.perf_counter() - t1:.0f} s)")
+        return files
 
     def traced(*args):
         return fn(*args[:-1]), {}  # no StateSpec state
 
-    entry = export_step(owner, traced, [(s, torch.from_numpy(examples[s.name])) for s in specs],
-                        outputs, [], path, weights=weights,
+    entry = export_step(owner, traced, trace_inputs(specs, cfg), outputs, [], path,
+                        weights=weights,
                         dynamic_axes=frames_axes(cfg) if name == HELIUM_STEP else None)
-    if check:
-        entry.check = check_lm_graph(path, job, header, cfg)
-    return entry
+    entry.check = kept.get("check")
+    entry = entry.split_rings()
+    if plan is not None:
+        entry = planned_entry(entry, plan, path, entry.data_files)
+    return entry, kept["trace"]
 
 
 def check_lm_graph(path: Path, job, header: SafetensorsHeader, cfg: PersonaPlexConfig,
-                   atol: float | None = 1e-4) -> dict:
-    """The export's check of an LM graph written at `path`: run in onnxruntime beside the
-    torch module of `job` (lm_jobs) with the checkpoint's weights streamed in, live (1 frame)
-    and as a prefill (3 frames), on the seeded example inputs. Returns the record of what it
-    measured (GraphEntry.check); raises ExportMismatch beyond `atol`."""
+                   atol: float | None = 1e-4,
+                   weights: dict[str, np.ndarray] | None = None) -> dict:
+    """The check of an LM graph against the torch module of `job` (lm_jobs): run in
+    onnxruntime beside it, live (1 frame) and as a prefill (3 frames), on the seeded example
+    inputs. A graph written at `path` with its weights runs beside the module with the
+    checkpoint's weights streamed in through torch's own conversion (verify --checkpoint); a
+    graph traced there without its weights runs on `weights` (onnx_export.verify_step), which
+    the module then shares (no second copy: the export's spot check ties the written weights
+    to torch's conversion). Returns the record of what it measured (GraphEntry.check); raises
+    ExportMismatch beyond `atol`."""
     name, owner, fn, specs, outputs, plans, streamed = job
 
     def checked(*args):
-        with streamed_weights(owner, plans, header, streamed):
+        with (shared_weights(owner, weights) if weights is not None
+              else streamed_weights(owner, plans, header, streamed)):
             return fn(*args[:-1]), {}
 
     measured: dict[str, float] = {}
     for frames in _frame_counts(name):
         figures = verify_step(path, checked, example_inputs(with_frames(specs, frames), cfg),
-                              outputs, low_memory=True, atol=atol)
+                              outputs, low_memory=True, atol=atol, weights=weights)
         for output, value in figures.items():
             measured[output] = max(measured.get(output, 0.0), value)
     return {"how": "full", "calls": len(_frame_counts(name)), "outputs": measured}
 
 
 def spot_check_weights(path: str | Path, plans: dict[str, WeightPlan],
-                       header: SafetensorsHeader, prefix: str = "owner.") -> int:
-    """Reads back the first, a middle and the last row of every checkpoint segment of every
-    initializer from the graph's external data and compares them with the checkpoint (converted
-    by torch). Catches a wrong offset, order, slice or conversion in any tensor without reading
-    the weights again. Returns the rows compared."""
-    import onnx
-
-    path = Path(path)
-    model = onnx.load(str(path), load_external_data=False)
-    rows = 0
-    for init in model.graph.initializer:
-        plan = plans[init.name.removeprefix(prefix)]
-        ext = {e.key: e.value for e in init.external_data}
-        base = int(ext.get("offset", 0))
-        with open(path.parent / ext["location"], "rb") as f:
-            for s in plan.segments:
-                t = header.info(s.key)
-                stop = t.shape[0] if s.stop is None else s.stop
-                for r in sorted({s.start, (s.start + stop) // 2, stop - 1}):
-                    want = read_parameter(WeightPlan((Segment(s.key, r, r + 1),),
-                                                     (t.row_elements,)), header).numpy()
-                    f.seek(base + 4 * (r - s.start) * t.row_elements)
-                    got = np.frombuffer(f.read(4 * t.row_elements), "<f4")
-                    if not np.array_equal(got, want):
-                        raise ExportMismatch(f"{path.name}: {init.name} row {r} of '{s.key}' "
-                                             "differs from the checkpoint")
-                    rows += 1
-                base += 4 * (stop - s.start) * t.row_elements
-    return rows
+                       header: SafetensorsHeader, build=None) -> int:
+    """Three output channels (the first, a middle and the last row) of every weight stored in
+    the LM graph at `path`, made again from the checkpoint, against the graph's data file
+    (lm_weights.spot_check). `build` makes the graph's weights from sources (lm_weights.
+    final_graph for a converted graph); by default the graph is float32 as traced. Catches a
+    wrong offset, order, slice or conversion in any tensor without reading the weights again.
+    Returns the parameter rows compared."""
+    return spot_check(path, build or stored_build(path), plans, header)
 
 
 def export_lm_graphs_frugal(cfg: PersonaPlexConfig, checkpoint_path: str | Path,
                             out_dir: str | Path, batch: int = 1, k_max: int = DEFAULT_K_MAX,
                             verify: bool | str = "auto",
                             progress: Callable[[str], None] = lambda s: None,
+                            precisions: dict[str, PrecisionPlan] | None = None,
                             ) -> dict[str, GraphEntry]:
-    """export_lm_graphs' graphs, written without holding the model in memory: weights go from
-    the checkpoint to `<graph>.onnx.data` tensor by tensor (float32).
+    """export_lm_graphs' graphs, written without holding the model in memory and without a
+    float32 copy on disk: each weight goes from the checkpoint to `<graph>.onnx.data` in its
+    final precision (`precisions`: graph name -> PrecisionPlan, precision_plan.lm_plans; float32
+    where absent), tensor by tensor (lm_weights.py). Returns the entries, rings split out.
 
     The check (`verify`) of each graph, before anything is returned:
-      "full" (or True)  the graph runs once in onnxruntime beside the torch modules on the real
-                        weights, Helium's layers and the depformer's steps loaded one at a time
-                        (peak memory: about one float32 copy of the graph, plus a layer, the
-                        embedding tables and the example KV ring)
+      "full" (or True)  the float32 graph runs once in onnxruntime beside the torch modules on
+                        the real weights, fed from memory and shared with torch (peak memory:
+                        one float32 copy of the graph and the example KV ring), then every
+                        written weight is spot-checked
       "reduced"         for a graph too large to run in this machine's memory: a one-layer
-                        probe of the same graph (every kind of weight, at full width) is
-                        exported the same way and fully checked, and every weight of the real
-                        graph is spot-checked in its data file (spot_check_weights)
+                        probe of the same graph (every kind of weight, at full width) is checked
+                        the same way, and every written weight is spot-checked
+                        (spot_check_weights)
       "auto"            "full" where it fits in the available memory, else "reduced"
       "off" (or False)  nothing
     """
@@ -565,6 +585,7 @@ def export_lm_graphs_frugal(cfg: PersonaPlexConfig, checkpoint_path: str | Path,
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     header = open_lm_header(checkpoint_path, cfg)
+    precisions = precisions or {}
     entries = {}
     for job in lm_jobs(cfg, batch, k_max):
         name, plans = job[0], job[5]
@@ -576,19 +597,40 @@ def export_lm_graphs_frugal(cfg: PersonaPlexConfig, checkpoint_path: str | Path,
                 progress(f"  {name}: a full check needs ~{need / 1e9:.1f} GB, "
                          f"{have / 1e9:.1f} GB is available: checking a one-layer probe "
                          "and spot-checking every weight instead")
-        entries[name] = _export_graph(job, header, out_dir, cfg, check == "full", progress)
-        if check == "full":
-            progress(f"  {name}.onnx: checked in onnxruntime against torch")
-        elif check == "reduced":
+        if check == "reduced":
+            t0 = time.perf_counter()
+            progress(f"  {name}: checking a one-layer probe in onnxruntime against torch")
             probe_cfg = _probe_config(cfg)
             probe = next(j for j in lm_jobs(probe_cfg, batch, k_max) if j[0] == name)
-            probe_dir = out_dir / f".probe_{name}"
-            probe_dir.mkdir()
-            probed = _export_graph(probe, header, probe_dir, probe_cfg, True, lambda s: None)
-            shutil.rmtree(probe_dir)
-            rows = spot_check_weights(out_dir / entries[name].file, plans, header)
-            entries[name].check = {**probed.check, "how": "one-layer probe",
+            with tempfile.TemporaryDirectory(prefix=f".probe_{name}", dir=out_dir) as tmp:
+                probed = _check_only(probe, header, Path(tmp), probe_cfg)
+            progress(f"  {name}: probe checked ({time.perf_counter() - t0:.0f} s)")
+        entries[name], trace = _export_graph(job, header, out_dir, cfg, check == "full",
+                                             progress, precisions.get(name))
+        if check == "off":
+            continue
+        path = out_dir / entries[name].file
+        rows = spot_check_weights(path, plans, header, build=lambda sources: final_graph(
+            trace, path, sources, precisions.get(name), _ring_names(name, cfg)))
+        if check == "full":
+            entries[name].check["weight_rows_compared"] = rows
+            progress(f"  {name}.onnx: checked in onnxruntime against torch, {rows} weight rows "
+                     "spot-checked against the checkpoint")
+        else:
+            entries[name].check = {**probed, "how": "one-layer probe",
                                    "weight_rows_compared": rows}
             progress(f"  {name}.onnx: one-layer probe checked in onnxruntime against torch, "
-                     f"{rows} weight rows spot-checked")
+                     f"{rows} weight rows spot-checked against the checkpoint")
     return entries
+
+
+def _check_only(job, header: SafetensorsHeader, out_dir: Path, cfg: PersonaPlexConfig) -> dict:
+    """The in-memory check of a graph that is not written (the one-layer probe): traced
+    weightless into `out_dir`, run fed from memory beside its torch module."""
+
+    name, owner, fn, specs, outputs, plans, streamed = job
+    path = out_dir / f"{name}.onnx"
+    trace_step(owner, lambda *args: (fn(*args[:-1]), {}), trace_inputs(specs, cfg), outputs, [],
+               path, weightless=True,
+               dynamic_axes=frames_axes(cfg) if name == HELIUM_STEP else None)
+    return check_lm_graph(path, job, header, cfg, weights=made(checkpoint_sources(plans, header)))

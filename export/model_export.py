@@ -1,6 +1,7 @@
 """Checkpoint -> model directory: build the torch modules, export each graph, check each graph in
-onnxruntime against its torch module, convert the LM's precision, then write the manifest. The
-directory is staged and appears complete or not at all.
+onnxruntime against its torch module (the LM's in float32, before its weights are written in
+their precision), then write the manifest. The directory is staged and appears complete or not
+at all.
 
 TensorRT engines are device-side work (they are built on the GPU that will run them, where
 there may be no torch): the export does not build them itself but calls the `engine_builder`
@@ -26,8 +27,7 @@ from personaplex_edge.manifest import (GraphEntry, Manifest, TensorSpec, load_mo
 from .hub import CheckpointFiles
 from .mimi import Mimi, load_mimi
 from .onnx_export import export_step, verify_step
-from .precision import convert_precision
-from .precision_plan import check_plans
+from .precision_plan import PrecisionPlan, check_plans
 from .streaming import rings_as_io
 
 Progress = Callable[[str], None]
@@ -88,17 +88,17 @@ class EngineBuilder(Protocol):
 
 
 def export_lm(ckpt: CheckpointFiles, out: Path, batch: int, progress: Progress,
-              verify: str = "auto") -> dict[str, GraphEntry]:
-    """The LM graphs, weights streamed from the checkpoint into external data (lm.py's
-    export_lm_graphs_frugal): the 7B is never held in memory twice."""
+              verify: str = "auto", precisions: dict[str, PrecisionPlan] | None = None,
+              ) -> dict[str, GraphEntry]:
+    """The LM graphs, each weight streamed from the checkpoint into external data in its final
+    precision (lm.py's export_lm_graphs_frugal): the 7B is never held in memory twice, nor
+    written in float32 first."""
     from .lm import export_lm_graphs_frugal
 
     t0 = time.perf_counter()
     progress(f"exporting the language model from {ckpt.lm}")
     graphs = export_lm_graphs_frugal(ckpt.config, ckpt.lm, out, batch=batch, verify=verify,
-                                     progress=progress)
-    for name, entry in graphs.items():
-        graphs[name] = entry.split_rings()
+                                     progress=progress, precisions=precisions)
     progress(f"  helium_step.onnx, depformer_step.onnx: written, check {verify} "
              f"({time.perf_counter() - t0:.1f} s)")
     return graphs
@@ -117,28 +117,29 @@ def export_voices(ckpt: CheckpointFiles, out: Path, progress: Progress) -> str |
 
 # Bytes of a converted LM weight per float32 byte, scales included, rounded up from the
 # measured mid-size model (fp16 0.500, int8 0.289, int4 0.200 of the float32 bytes).
-_CONVERTED_RATIO = {"fp32": 0.0, "fp16": 0.51, "bf16": 0.51, "fp8": 0.3, "int8": 0.31,
+_CONVERTED_RATIO = {"fp32": 1.0, "fp16": 0.51, "bf16": 0.51, "fp8": 0.3, "int8": 0.31,
                     "int4": 0.22}
+# Besides the model: the largest weight being made (the text embedding or head in float32, a
+# few hundred MB at the 7B's size) is in memory, not on disk; the graphs' own .onnx files and
+# the staging directory's temporary names are the rest. Kept as a margin.
+SCRATCH_MARGIN = 64 << 20
 
 
 def output_bytes(ckpt: CheckpointFiles, precision: str = "fp32",
                  depformer_precision: str | None = None, engines: bool = False) -> int:
-    """About the most the export holds on disk at once. The LM is written in float32 first;
-    converting it to `precision` (the depformer to `depformer_precision`) writes the converted
-    weights beside the float32 files before removing them; TensorRT `engines` (about the size
-    of the graph they come from) are built after that, beside the converted graphs."""
-    need = ckpt.mimi.stat().st_size  # Mimi is float32 already
+    """About the most the export holds on disk at once: the model it writes. Each LM weight is
+    written once, in its final precision (Helium in `precision`, the depformer in
+    `depformer_precision`), straight from the checkpoint; TensorRT `engines` (about the size of
+    the graph they come from) are built after that, beside the graphs."""
+    need = ckpt.mimi.stat().st_size + SCRATCH_MARGIN  # Mimi is float32 already
     if ckpt.lm is not None:
         from .lm import depformer_plan, helium_plan
 
-        plans = {**helium_plan(ckpt.config), **depformer_plan(ckpt.config)}
-        lm = sum(p.nbytes for p in plans.values())
-        converted = max(_CONVERTED_RATIO[precision],  # the larger: an upper bound
-                        _CONVERTED_RATIO[depformer_precision or precision])
-        peak = 1 + converted
-        if engines:
-            peak = max(peak, 2 * (converted or 1.0))
-        need += int(lm * peak)
+        lm = 0
+        for plans, p in ((helium_plan(ckpt.config), precision),
+                         (depformer_plan(ckpt.config), depformer_precision or precision)):
+            lm += int(sum(w.nbytes for w in plans.values()) * _CONVERTED_RATIO[p])
+        need += 2 * lm if engines else lm
         need += sum(f.stat().st_size for f in (ckpt.tokenizer, ckpt.voices) if f is not None)
     return need
 
@@ -167,9 +168,9 @@ def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "f
     """Writes the model directory for `ckpt`: the codec always; the language model, its
     tokenizer and its voice bank when the checkpoint has them. `verify` chooses the LM graphs'
     check (export_lm_graphs_frugal: "auto", "full", "reduced", "off"); the codec is always
-    checked in full. The LM graphs are exported in float32, checked, then converted to
-    `precision` for `backend` (see export/precision.py; the depformer to `depformer_precision`
-    when given). For TensorRT, `engine_builder` (when given) builds the engines in the staging
+    checked in full. The LM graphs are written in `precision` for `backend` (see
+    export/precision.py; the depformer in `depformer_precision` when given), each weight
+    converted on its way from the checkpoint, after a check of the float32 graph. For TensorRT, `engine_builder` (when given) builds the engines in the staging
     directory before the manifest is written; without one the graphs are written for a later
     `personaplex-edge engines --model DIR` on the target. Every choice is checked before
     anything is written: what a backend cannot run is refused, what TensorRT may not honour
@@ -183,7 +184,7 @@ def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "f
                                "a whole number, at least 1")
     # an impossible combination (fp8 or bf16 for onnxruntime, a bad KV dtype) fails now, not
     # after the float32 export it would otherwise follow
-    _, warnings = check_plans(precision, backend, kv_dtype, depformer_precision)
+    plans, warnings = check_plans(precision, backend, kv_dtype, depformer_precision)
     engines = backend == "tensorrt" and engine_builder is not None
     cfg = ckpt.config
     check_output_space(ckpt, out_dir, precision, depformer_precision, engines=engines)
@@ -202,19 +203,17 @@ def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "f
             voices = export_voices(ckpt, stage, progress)
             if voices is not None:
                 files[voices] = sha256_file(stage / voices)
-            graphs.update(export_lm(ckpt, stage, batch, progress, verify))
+            graphs.update(export_lm(ckpt, stage, batch, progress, verify, plans))
             contents.append("lm")
             if ckpt.tokenizer is not None:
                 tokenizer = ckpt.tokenizer.name
                 shutil.copyfile(ckpt.tokenizer, stage / tokenizer)
                 files[tokenizer] = sha256_file(stage / tokenizer)
-        manifest = Manifest(config=cfg, graphs=graphs, contents=contents, precision="fp32",
+        manifest = Manifest(config=cfg, graphs=graphs, contents=contents,
+                            precision=precision,
                             backend=backend, tokenizer=tokenizer, voices=voices,
                             source=ckpt.source, files=files,
                             source_revision=ckpt.revision)
-        manifest = convert_precision(stage, manifest, precision, kv_dtype=kv_dtype,
-                                     progress=progress,
-                                     depformer_precision=depformer_precision)
         if engines:
             manifest = engine_builder(stage, manifest, progress=progress)
         elif backend == "tensorrt":

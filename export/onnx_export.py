@@ -88,24 +88,20 @@ class _WeightsAsInputs(nn.Module):
 
 
 @torch.no_grad()
-def export_step(owner: nn.Module, fn: Callable, inputs: Sequence[tuple[TensorSpec, torch.Tensor]],
-                outputs: Sequence[str], state: Sequence[StateSpec], path: str | Path,
-                weights: Callable[[Path], dict[str, str]] | None = None,
-                dynamic_axes: dict[str, dict[int, str]] | None = None) -> GraphEntry:
-    """Traces `fn` (a method of `owner`) into `path` and returns its manifest entry.
-
-    `inputs` pairs each non-state input's spec with an example tensor; `outputs` names the
-    non-state outputs in the order `fn` returns them. `weights(path)`, when given, turns the
-    parameter inputs of the weightless trace into external data and returns {data file: sha256};
-    parameters are then named `owner.<parameter name>`. `dynamic_axes` ({tensor: {axis: name}})
-    leaves those axes free in the graph (the manifest records the traced sizes)."""
+def trace_step(owner: nn.Module, fn: Callable, inputs: Sequence[tuple[TensorSpec, torch.Tensor]],
+               outputs: Sequence[str], state: Sequence[StateSpec], path: str | Path,
+               weightless: bool = False,
+               dynamic_axes: dict[str, dict[int, str]] | None = None) -> list[TensorSpec]:
+    """Traces `fn` (a method of `owner`) into the graph `path` (export_step's arguments); with
+    `weightless`, its parameters are graph inputs named `owner.<parameter name>` after the
+    others, and no weight is written. Returns the specs of the non-state outputs."""
     path = Path(path)
     flat = _FlatStep(owner, fn, len(inputs), state).eval()
     examples = [t for _, t in inputs] + list(initial_state(state).values())
     input_names = [s.name for s, _ in inputs] + [s.input_name for s in state]
     output_names = list(outputs) + [s.output_name for s in state]
     results = flat(*examples)
-    if weights is not None:
+    if weightless:
         params = dict(flat.named_parameters())  # "owner.<parameter name>"
         flat = _WeightsAsInputs(flat, list(params))
         examples += list(params.values())
@@ -124,8 +120,25 @@ def export_step(owner: nn.Module, fn: Callable, inputs: Sequence[tuple[TensorSpe
         torch.onnx.export(flat, tuple(examples), str(path), input_names=input_names,
                           output_names=output_names, opset_version=OPSET, dynamo=False,
                           do_constant_folding=False, dynamic_axes=dynamic_axes)
+    return out_specs
+
+
+def export_step(owner: nn.Module, fn: Callable, inputs: Sequence[tuple[TensorSpec, torch.Tensor]],
+                outputs: Sequence[str], state: Sequence[StateSpec], path: str | Path,
+                weights: Callable[[Path], dict[str, str]] | None = None,
+                dynamic_axes: dict[str, dict[int, str]] | None = None) -> GraphEntry:
+    """Traces `fn` (a method of `owner`) into `path` and returns its manifest entry.
+
+    `inputs` pairs each non-state input's spec with an example tensor; `outputs` names the
+    non-state outputs in the order `fn` returns them. `weights(path)`, when given, turns the
+    parameter inputs of the weightless trace into external data and returns {data file: sha256};
+    parameters are then named `owner.<parameter name>`. `dynamic_axes` ({tensor: {axis: name}})
+    leaves those axes free in the graph (the manifest records the traced sizes)."""
+    path = Path(path)
+    out_specs = trace_step(owner, fn, inputs, outputs, state, path, weights is not None,
+                           dynamic_axes)
     data_files = {} if weights is None else dict(weights(path))
-    input_names = input_names[:len(inputs) + len(state)]
+    input_names = [s.name for s, _ in inputs] + [s.input_name for s in state]
     onnx.checker.check_model(str(path))
     model = onnx.load(str(path), load_external_data=False)
     left = [i.name for i in model.graph.input if i.name not in input_names]
@@ -148,7 +161,8 @@ class ExportMismatch(PersonaPlexError):
 @torch.no_grad()
 def verify_step(path: str | Path, fn: Callable, inputs: dict[str, np.ndarray],
                 outputs: Sequence[str], state: Sequence[StateSpec] = (), frames: int = 1,
-                atol: float | None = 1e-4, low_memory: bool = False) -> dict[str, float]:
+                atol: float | None = 1e-4, low_memory: bool = False,
+                weights: dict[str, np.ndarray] | None = None) -> dict[str, float]:
     """Runs the graph in onnxruntime beside its step function (`fn(*inputs, state) ->
     (outputs, new_state)`, as given to export_step) for `frames` calls from the initial state,
     feeding each its own state back; raises ExportMismatch on the first output that differs
@@ -159,7 +173,10 @@ def verify_step(path: str | Path, fn: Callable, inputs: dict[str, np.ndarray],
     `low_memory` keeps onnxruntime to one copy of the weights, for graphs as large as the
     memory allows: no pre-packed duplicates, no arena, and basic optimisation only. (Basic
     still folds each weight's Transpose into one transposed copy; without it every Transpose
-    runs at once at the start of each call, a second copy of all weights.)"""
+    runs at once at the start of each call, a second copy of all weights.)
+    `weights` feeds the graph's parameters as inputs (a graph traced without its weights,
+    export_step): then the extended optimisations run, which fuse each weight's Transpose
+    into its MatMul (FusedMatMul), so no transposed copy is made at all."""
     import onnxruntime as ort
 
     path = Path(path)
@@ -168,6 +185,9 @@ def verify_step(path: str | Path, fn: Callable, inputs: dict[str, np.ndarray],
         opts.add_session_config_entry("session.disable_prepacking", "1")
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         opts.enable_cpu_mem_arena = False
+    if weights:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    weights = weights or {}
     sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     state_t = initial_state(state)
     state_n = {s.input_name: v.numpy() for s, v in zip(state, state_t.values())}
@@ -177,7 +197,7 @@ def verify_step(path: str | Path, fn: Callable, inputs: dict[str, np.ndarray],
         want, new = fn(*[torch.from_numpy(v) for v in inputs.values()], state_t)
         want = [want] if isinstance(want, torch.Tensor) else list(want)
         state_t.update(new)
-        got = sess.run(names, {**inputs, **state_n})
+        got = sess.run(names, {**inputs, **state_n, **weights})
         for name, g, w in zip(outputs, got, want):
             w = w.numpy()
             if g.shape != w.shape or g.dtype != w.dtype:

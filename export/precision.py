@@ -38,11 +38,10 @@ from .transpose_fold import fold_weight_transposes
 Progress = Callable[[str], None]
 
 
-def convert_graph(src: Path, dst: Path, entry: GraphEntry, plan: PrecisionPlan) -> GraphEntry:
-    """Writes the `plan` version of graph `src` to `dst` (may be the same path) and returns its
-    manifest entry (new sha256s, ring dtypes)."""
-    g = EditableGraph(src)
-    old_files = external_files(src) if g.external else set()
+def apply_plan(g: EditableGraph, plan: PrecisionPlan, ring_inputs: list[str],
+               ring_outputs: list[str]) -> None:
+    """The three passes (module docstring) on `g`: its float32 weights and KV ring become
+    `plan`'s, lazily (nothing is made until the graph is written)."""
     if plan.weight_format == "qdq":
         # DequantizeLinear with fp16 scales (opset 19) and block_size (21). Converted first,
         # while the weights are still references to files: the converter serialises the model.
@@ -52,9 +51,23 @@ def convert_graph(src: Path, dst: Path, entry: GraphEntry, plan: PrecisionPlan) 
         quantize_linears(g, plan)
         if plan.weight_format == "matmulnbits":
             g.add_opset("com.microsoft", 1)
-    ring_in = [r.input_name for r in entry.rings]
-    ring_out = [r.output_name for r in entry.rings]
-    lower_precision(g, plan.compute, ring_in, ring_out, plan.kv_dtype)
+    lower_precision(g, plan.compute, ring_inputs, ring_outputs, plan.kv_dtype)
+
+
+def planned_entry(entry: GraphEntry, plan: PrecisionPlan, path: Path,
+                  data_files: dict[str, str]) -> GraphEntry:
+    """`entry` (its rings split) as the graph written at `path` in `plan`'s precision."""
+    rings = [dataclasses.replace(r, dtype=plan.kv_dtype) for r in entry.rings]
+    return dataclasses.replace(entry, file=path.name, sha256=sha256_file(path),
+                               data_files=data_files, rings=rings, precision=plan.precision)
+
+
+def convert_graph(src: Path, dst: Path, entry: GraphEntry, plan: PrecisionPlan) -> GraphEntry:
+    """Writes the `plan` version of graph `src` to `dst` (may be the same path) and returns its
+    manifest entry (new sha256s, ring dtypes)."""
+    g = EditableGraph(src)
+    old_files = external_files(src) if g.external else set()
+    apply_plan(g, plan, [r.input_name for r in entry.rings], [r.output_name for r in entry.rings])
     tmp = dst.parent / f".{dst.name}.partial"
     data_files = g.save(tmp, f"{dst.name}.data")
     onnx.checker.check_model(str(tmp))
@@ -62,12 +75,11 @@ def convert_graph(src: Path, dst: Path, entry: GraphEntry, plan: PrecisionPlan) 
     if src.resolve() == dst.resolve():  # in place: the float32 weights' files are now unused
         for stale in old_files - set(data_files):
             (src.parent / stale).unlink(missing_ok=True)
-    rings = [dataclasses.replace(r, dtype=plan.kv_dtype) for r in entry.rings]
-    return dataclasses.replace(entry, file=dst.name, sha256=sha256_file(dst),
-                               data_files=data_files, rings=rings, precision=plan.precision)
+    return planned_entry(entry, plan, dst, data_files)
 
 
-def _rewrites(plan: PrecisionPlan) -> bool:
+def rewrites(plan: PrecisionPlan) -> bool:
+    """Whether `plan` changes a float32 graph at all."""
     return plan.precision != "fp32" or plan.kv_dtype != "float32"
 
 
@@ -81,7 +93,7 @@ def _convert_lm(src: Path, dst: Path, manifest: Manifest, plans: dict[str, Preci
     graph entries, the converted ones updated."""
     graphs = dict(manifest.graphs)
     for name, plan in plans.items():
-        if name not in graphs or not _rewrites(plan):
+        if name not in graphs or not rewrites(plan):
             continue
         before = _dir_bytes(src, graphs[name])
         graphs[name] = convert_graph(src / graphs[name].file, dst / graphs[name].file,
@@ -115,20 +127,23 @@ def convert_precision(model_dir: str | Path, manifest: Manifest, precision: str,
 def convert_model_dir(src: str | Path, dst: str | Path, precision: str,
                       backend: str = "onnx", kv_dtype: str | None = None,
                       block_size: int | None = None, progress: Progress = print,
-                      depformer_precision: str | None = None) -> Manifest:
+                      depformer_precision: str | None = None,
+                      plans: dict[str, PrecisionPlan] | None = None) -> Manifest:
     """A `precision` copy of the float32 model directory `src` in `dst` (written atomically;
     `src` is left as it is): the codec, tokenizer and voices copied, the LM graphs converted.
     A library tool for tests and benchmarks: unlike the export it does not refuse what a
-    backend's runtime cannot run (precision_plan.refusals), so a graph can be inspected."""
+    backend's runtime cannot run (precision_plan.refusals), so a graph can be inspected.
+    `plans` (graph name -> PrecisionPlan) replaces the plans the other arguments make, for a
+    layout no flag asks for (a MatMulNBits accuracy level, a block size per graph)."""
     from personaplex_edge.atomic import staged_dir
     from personaplex_edge.manifest import load_model_dir, write_manifest
 
     src, dst = Path(src), Path(dst)
     manifest = dataclasses.replace(load_model_dir(src), backend=backend)
-    plans = lm_plans(precision, backend, kv_dtype, block_size, depformer_precision)
+    plans = plans or lm_plans(precision, backend, kv_dtype, block_size, depformer_precision)
     with staged_dir(dst) as stage:
         for name, entry in manifest.graphs.items():
-            if name not in plans or not _rewrites(plans[name]):
+            if name not in plans or not rewrites(plans[name]):
                 for f in (entry.file, *entry.data_files):
                     shutil.copy2(src / f, stage / f)
         for f in manifest.files:

@@ -173,6 +173,14 @@ class SafetensorsHeader:
         return np.concatenate(parts) if len(parts) != 1 else parts[0]
 
 
+def into_float32(bits: np.ndarray, dtype: str, out: np.ndarray) -> None:
+    """to_float32 into `out` (float32, bits' shape), with no temporary."""
+    if dtype == "BF16":
+        np.left_shift(bits, 16, out=out.view(np.uint32), dtype=np.uint32)
+    else:
+        out[...] = bits
+
+
 def to_float32(bits: np.ndarray, dtype: str) -> np.ndarray:
     """Stored elements -> float32 (bf16 bits widened exactly, as the voice bank's are)."""
     if dtype == "BF16":

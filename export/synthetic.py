@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors.torch import save_file
@@ -111,37 +112,58 @@ BANK_NAMES = tuple([f"NATF{i}" for i in range(4)] + [f"NATM{i}" for i in range(4
                    + [f"VARF{i}" for i in range(5)] + [f"VARM{i}" for i in range(5)])
 
 
+TableRows = Callable[[str, torch.Tensor], torch.Tensor]  # (table key, row ids) -> rows float32
+
+
 @torch.no_grad()
-def random_voices(cfg: PersonaPlexConfig, lm: dict[str, torch.Tensor], seed: int = 0,
+def random_voices(cfg: PersonaPlexConfig, rows: TableRows, seed: int = 0,
                   names: tuple[str, ...] = BANK_NAMES) -> dict[str, dict[str, torch.Tensor]]:
     """Voice prompts as the reference records them: the summed input embedding of each frame of
-    random tokens, from the model's own tables, and a token ring after them."""
+    random tokens, from the model's own tables (`rows`), and a token ring after them."""
     gen = torch.Generator().manual_seed(seed + 3)
     out = {}
     for name in names:
         frames = 8
         text = torch.randint(0, cfg.text_vocab_size, (frames,), generator=gen)
-        emb = lm["text_emb.weight"].float()[text]  # [N, D]
+        emb = rows("text_emb.weight", text)  # [N, D]
         for k in range(cfg.num_audio_codebooks):
             codes = torch.randint(0, cfg.audio_vocab_size, (frames,), generator=gen)
-            emb = emb + lm[f"emb.{k}.weight"].float()[codes]
+            emb = emb + rows(f"emb.{k}.weight", codes)
         cache = torch.randint(0, cfg.audio_vocab_size, (1, 17, 4), generator=gen)
         cache[0, 0] = 3  # the text stream holds PAD during a voice prompt
         out[name] = {"embeddings": emb[:, None, None, :].to(torch.bfloat16), "cache": cache}
     return out
 
 
+def file_rows(path: Path) -> TableRows:
+    """Table rows read from a written LM file, one row at a time (a checkpoint too large to
+    hold in memory)."""
+    from .safetensors_file import SafetensorsHeader
+
+    header = SafetensorsHeader(path)
+    return lambda key, ids: torch.stack([torch.from_numpy(header.read_rows(key, r, r + 1)[0])
+                                         for r in ids.tolist()])
+
+
 def write_synthetic_checkpoint(cfg: PersonaPlexConfig, root: str | Path, seed: int = 0,
-                               with_lm: bool = True) -> Path:
+                               with_lm: bool = True, streamed: bool = False) -> Path:
     """A checkpoint directory for `cfg` with random weights in the published layout: Mimi,
-    (the LM, a tokenizer and a voice bank,) and config.json."""
+    (the LM, a tokenizer and a voice bank,) and config.json. `streamed` writes the LM tensor
+    by tensor (export/random_lm.py): any size in little memory, values from a shared pool."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     save_file(random_mimi_tensors(cfg, seed), str(root / MIMI_FILE))
     if with_lm:
-        lm = random_lm_tensors(cfg, seed)
-        save_file(lm, str(root / LM_FILE))
-        write_voices_tgz(root / VOICES_FILE, random_voices(cfg, lm, seed))
+        if streamed:
+            from .random_lm import write_random_lm
+
+            write_random_lm(cfg, root / LM_FILE, seed)
+            rows = file_rows(root / LM_FILE)
+        else:
+            lm = random_lm_tensors(cfg, seed)
+            save_file(lm, str(root / LM_FILE))
+            rows = lambda key, ids: lm[key].float()[ids]  # noqa: E731
+        write_voices_tgz(root / VOICES_FILE, random_voices(cfg, rows, seed))
         train_tokenizer(root / TOKENIZER_FILE, vocab_size=min(cfg.text_vocab_size, 200))
     (root / CONFIG_FILE).write_text(json.dumps(
         {"model_type": "personaplex", "version": "synthetic", **cfg.to_dict()}, indent=2))

@@ -2,12 +2,13 @@
 
 The quantisers (linear_quant.py) and TensorRT's weight-only path need the weight itself as the
 MatMul's B input [K, N], not a Transpose of an [N, K] initializer. The folded weight is lazy
-(graph_edit.py): it is transposed when the graph is written, one tensor at a time.
+(graph_edit.py): it is transposed when the graph is written, one tensor at a time. It is made
+as a transposed view of the weight: the quantisers work one output channel (a row of the
+original) at a time, and the writer lays out whatever it stores (graph_edit.materialize), so
+the transposing copy is made once, where one is needed, or never.
 """
 
 from __future__ import annotations
-
-import numpy as np
 
 from .graph_edit import EditableGraph
 
@@ -24,7 +25,7 @@ def fold_weight_transposes(g: EditableGraph) -> int:
             name = g.fresh(f"{w}.T")
             source = g.loader(w)
             g.put_lazy(name, g.inits[w].data_type, list(g.inits[w].dims)[::-1],
-                       lambda source=source: np.ascontiguousarray(source().T))
+                       lambda source=source: source().T)  # a view: see below
             renames[node.output[0]] = name
             folded += 1
             continue

@@ -412,7 +412,7 @@ def cmd_bench(args) -> int:
         return TimedStage(conv.metrics, model.sample_rate, model.frame_size, warn=_note)
 
     result = run_bench(model, args.frames, args.warmup, args.streams, _sampling(args), persona,
-                       front=canceller if args.aec == "on" else None)
+                       front=canceller if args.aec == "on" else None, position=args.position)
     print(f"{model.model_dir}: {args.streams} stream(s), {args.frames} frames after "
           f"{args.warmup} warm-up, position {result.position} (context {result.context})")
     print(result.report())
@@ -672,6 +672,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--warmup", type=int, default=10)
     b.add_argument("--streams", type=int, default=1,
                    help="conversations stepped together, as a server steps them (1)")
+    b.add_argument("--position", type=int, default=None, metavar="N",
+                   help="start each conversation N frames in (after its persona) without "
+                        "stepping there; N >= the context (3000) times the steady state, the "
+                        "KV ring full")
     b.add_argument("--json", help="write the summaries and every frame's stage times here")
     b.add_argument("--plot", help="draw frame time per stage over the run into this PNG "
                                   "(needs matplotlib)")

@@ -96,6 +96,7 @@ class TokenRing:
     def reset(self) -> None:
         self.tokens.fill(UNGENERATED_TOKEN)
         self.offset = 0
+        self.origin = 0  # the first step's position (jump moves a ring that has not stepped)
 
     @property
     def position(self) -> int:
@@ -119,7 +120,7 @@ class TokenRing:
             out = out.reshape(column.shape)
             np.copyto(out, column)
         column = out
-        not_started = self.offset <= self.delays  # [17]
+        not_started = self.offset - self.origin <= self.delays  # [17]
         column[:, not_started] = self.initial[not_started]
         if (column == UNGENERATED_TOKEN).any():
             raise RuntimeError(f"step {self.offset} would read a token that was never written: "
@@ -135,10 +136,22 @@ class TokenRing:
         self.tokens[:, AGENT_STREAMS, col] = np.asarray(agent, dtype=np.int64).reshape(
             self.batch, CODEBOOKS_PER_SPEAKER)
 
+    def jump(self, position: int) -> None:
+        """Goes on at `position` as if every frame between had run: the columns the ring holds
+        keep their places relative to the next step. A benchmark starts a conversation deep in
+        its context this way (`bench --position`) instead of stepping there."""
+        if position < self.offset:
+            raise ValueError(f"the ring is at {self.offset} already; it cannot go back to "
+                             f"{position}")
+        if self.offset == self.origin:  # nothing stepped yet: the conversation starts there
+            self.origin = position
+        self.tokens[...] = np.roll(self.tokens, position - self.offset, axis=2)
+        self.offset = position
+
     def output(self) -> np.ndarray | None:
         """[B, 9] int64 (text, agent cb0..7) of the newest complete frame, or None while the
         first frame is not complete yet (the first MAX_DELAY steps)."""
-        if self.offset <= MAX_DELAY:
+        if self.offset - self.origin <= MAX_DELAY:
             return None
         gen = self.delays[GENERATED_STREAMS]  # [9]
         cols = (self.offset - MAX_DELAY + gen) % self.slots  # [9]

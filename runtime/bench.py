@@ -102,11 +102,17 @@ def _percentiles(a: np.ndarray) -> dict:
 
 def run_bench(model: Model, frames: int = 200, warmup: int = 10, streams: int = 1,
               sampling: SamplingParams = SamplingParams(), persona: Persona = Persona(),
-              pcm: np.ndarray | None = None, front: Callable | None = None) -> BenchResult:
+              pcm: np.ndarray | None = None, front: Callable | None = None,
+              position: int | None = None) -> BenchResult:
     """Runs `streams` conversations for warmup + frames rounds on `pcm` (24 kHz; the bundled
     speech sample looped by default), each with its own seed. `front(conversation)`, when
     given, makes a stream's stage in front of the model (the echo canceller:
-    `clean = stage(frame)`, then `stage.played(answer)`)."""
+    `clean = stage(frame)`, then `stage.played(answer)`). `position` starts each conversation
+    that many frames in, after its persona, without stepping there (TokenRing.jump): from the
+    context on (`model.context`, 3000 frames = 4 minutes) every KV ring slot is held, the steady
+    state of any conversation longer than that. The slots the persona does not write hold
+    zeros, written (BoundGraph.fill_rings) so that the ring is in memory as a long
+    conversation's is; a step's cost does not depend on the values it attends to."""
     if streams < 1:
         raise PersonaPlexError("--streams must be at least 1")
     if pcm is None:
@@ -120,7 +126,16 @@ def run_bench(model: Model, frames: int = 200, warmup: int = 10, streams: int = 
     for k in range(streams):
         seed = None if sampling.seed is None else sampling.seed + k
         conv = model.open_conversation(dataclasses.replace(sampling, seed=seed), persona)
+        if position is not None:
+            with conv.group.lock:
+                conv.group.helium.fill_rings([conv.row])
         conv.prefill()
+        if position is not None:
+            if position < conv.position:
+                raise PersonaPlexError(f"--position {position} is inside the persona's "
+                                       f"{conv.position} frames: start at {conv.position} or "
+                                       "later, or with --no-persona")
+            conv.ring.jump(position)
         convs.append(conv)
     fronts = [front(conv) if front else None for conv in convs]
     offsets = [(k * 7 * frame) % pcm.shape[0] for k in range(streams)]  # streams differ

@@ -443,6 +443,39 @@ def test_reduced_check_for_graphs_too_large_to_run(tmp_path, monkeypatch):
         lm.spot_check_weights(tmp_path / "depformer_step.onnx", plans, header)
 
 
+def test_a_weight_written_wrong_in_its_precision_is_caught(tmp_path, monkeypatch):
+    """The weights are written in their precision straight from the checkpoint: the spot check
+    makes a middle output channel of each again (torch's bf16 conversion, the same passes) and
+    finds one written wrong in the int4 data, naming the weight, row and checkpoint tensor."""
+    from personaplex_edge.export import external_data, lm
+    from personaplex_edge.export.onnx_export import ExportMismatch
+    from personaplex_edge.export.precision_plan import lm_plans
+
+    bundle = lm_bundle()
+    plans = lm_plans("int4", depformer_precision="int8")
+    lines = []
+    entries = lm.export_lm_graphs_frugal(bundle.cfg, bundle.checkpoint, tmp_path / "good",
+                                         progress=lines.append, precisions=plans)
+    assert (entries["helium_step"].precision, entries["depformer_step"].precision) == (
+        "int4", "int8")
+    assert sum("spot-checked" in line for line in lines) == 2
+    n = 2 * bundle.cfg.temporal_config.intermediate_size  # linear_in's output channels
+    add = external_data.ExternalDataFile.add
+
+    def damaged(self, name, data_type, dims, chunks, nbytes):
+        if name == "owner.layers.1.gating.linear_in.weight.T.q4":  # [N, blocks, blob] uint8
+            raw = bytearray(b"".join(bytes(c) for c in chunks))
+            raw[(n // 2) * (nbytes // n)] ^= 0x11  # the middle channel's first byte
+            chunks = [bytes(raw)]
+        return add(self, name, data_type, dims, chunks, nbytes)
+
+    monkeypatch.setattr(external_data.ExternalDataFile, "add", damaged)
+    with pytest.raises(ExportMismatch, match=rf"linear_in\.weight\.T\.q4 row {n // 2} of "
+                                             r"'transformer\.layers\.1\.gating\.linear_in"):
+        lm.export_lm_graphs_frugal(bundle.cfg, bundle.checkpoint, tmp_path / "bad",
+                                   precisions=plans)
+
+
 def test_export_that_cannot_fit_on_disk(published, tmp_path, monkeypatch):
     from personaplex_edge.errors import PersonaPlexError
     from personaplex_edge.export import model_export
@@ -455,8 +488,9 @@ def test_export_that_cannot_fit_on_disk(published, tmp_path, monkeypatch):
     with pytest.raises(PersonaPlexError, match=r"the export \(fp32\) needs .* GB free"):
         model_export.export_model(ckpt, tmp_path / "out", progress=lambda s: None)
     assert not (tmp_path / "out").exists()
-    # converting writes the low-precision weights beside the float32 ones: the peak is higher,
-    # by what each precision takes; an engine build holds two copies at the converted size
+    # each weight is written once, in its precision, with no float32 copy first: the peak is
+    # the model itself, smaller for each narrower precision; engines add about their graphs
     peaks = {p: model_export.output_bytes(ckpt, p) for p in ("int4", "int8", "fp16")}
-    assert need < peaks["int4"] < peaks["int8"] < peaks["fp16"] < 2 * need
-    assert model_export.output_bytes(ckpt, "fp32", engines=True) > peaks["fp16"]
+    assert peaks["int4"] < peaks["int8"] < peaks["fp16"] < need
+    assert peaks["fp16"] < model_export.output_bytes(ckpt, "fp16", engines=True) \
+        < 2 * peaks["fp16"]

@@ -219,6 +219,15 @@ class BoundGraph:
             self._stores[self._turn][s.name].fill(rows, s.init)
         self._positions_changed()
 
+    def fill_rings(self, rows: Rows, value: float = 0.0) -> None:
+        """Every slot of the rows' KV rings set to `value`, in place: a stand-in for a long
+        conversation's history (bench --position), so that a full ring reads memory that is
+        really there, not pages the system has not handed out yet (those read as one shared
+        zero page, from the cache)."""
+        rows = row_list(rows, self.batch)
+        for store in self._ring_stores.values():
+            store.fill(rows, value)
+
     def ring_prefix(self, rows: Rows, slots: int) -> dict[str, np.ndarray]:
         """The first `slots` slots of every KV ring of the rows (what positions 0..slots-1
         wrote, while the rings have not wrapped): a persona's whole effect on the graph."""

@@ -8,11 +8,7 @@ import sys
 import time
 from typing import TextIO
 
-
-def _clock(seconds: float) -> str:
-    seconds = int(round(seconds))
-    h, rest = divmod(seconds, 3600)
-    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+from personaplex_edge.progress import bar, clock
 
 
 class BatchProgress:
@@ -50,10 +46,10 @@ class BatchProgress:
         wall = max(time.monotonic() - self.started, 1e-9)
         speed = self.done_seconds / wall
         left = max(self.audio_seconds - self.done_seconds, 0.0)
-        eta = _clock(left / speed) if speed > 0 else "?"
-        return (f"{self.done_items}/{self.items} items, {_clock(self.done_seconds)} of "
-                f"{_clock(self.audio_seconds)} of audio, {speed:.1f}x real time, "
-                f"{_clock(wall)} elapsed, {eta} left")
+        eta = clock(left / speed) if speed > 0 else "?"
+        return (f"{self.done_items}/{self.items} items, {clock(self.done_seconds)} of "
+                f"{clock(self.audio_seconds)} of audio, {speed:.1f}x real time, "
+                f"{clock(wall)} elapsed, {eta} left")
 
     def _maybe_show(self) -> None:
         now = time.monotonic()
@@ -61,9 +57,8 @@ class BatchProgress:
             return
         self._last = now
         if self.live:
-            filled = int(self.width * self.done_seconds / max(self.audio_seconds, 1e-9))
-            bar = "#" * min(filled, self.width) + "-" * max(self.width - filled, 0)
-            self.stream.write(f"\r\033[K[{bar}] {self.line()}")
+            self.stream.write(f"\r\033[K{bar(self.done_seconds, self.audio_seconds, self.width)} "
+                              f"{self.line()}")
         else:
             self.stream.write(f"batch: {self.line()}\n")
         self.stream.flush()
