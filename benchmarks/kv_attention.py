@@ -8,6 +8,8 @@ The step attends the whole ring every frame (32 layers: 3.1 GB of float32 for th
 ring is 40% of the CPU recipe's bytes. Forms timed (the same q, K, V; softmax in float32):
 
     float32          the exported graph's form: q K^T (a fused transposed MatMul), softmax, p V
+    float32, K^T     the keys stored transposed ([Dh, T] per head): q K^T without a transpose
+    float32, MHA     onnxruntime's fused MultiHeadAttention (com.microsoft) on the same ring
     fp16, cast       the ring stored float16, cast to float32 in the step (what `--kv-dtype
                      float16` exports for onnxruntime: x86 has no float16 MatMul)
     fp16 MatMul      the products in float16 (onnxruntime's x86 CPU runs them through its own
@@ -37,7 +39,8 @@ def _session(nodes, inputs, inits, threads: int):
     graph = helper.make_graph(nodes, "attention", inputs,
                               [helper.make_tensor_value_info("o", TensorProto.FLOAT, None)],
                               initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                    helper.make_opsetid("com.microsoft", 1)])
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -68,6 +71,21 @@ def forms(threads: int):
     qi = vi("q", T.FLOAT, q.shape)
     out["float32"] = (_session(attend, [qi, vi("K", T.FLOAT, K.shape), vi("V", T.FLOAT, V.shape)],
                                scale, threads), {"q": q, "K": K, "V": V}, K.nbytes + V.nbytes)
+    # the layouts and kernels of the same float32 ring: does another form read it faster?
+    Kt = np.ascontiguousarray(K.transpose(0, 1, 3, 2))  # [B, H, Dh, T]
+    out["float32, K^T"] = (_session(attend[1:], [qi, vi("Kt", T.FLOAT, Kt.shape),
+                                                 vi("V", T.FLOAT, V.shape)], scale, threads),
+                           {"q": q, "Kt": Kt, "V": V}, Kt.nbytes + V.nbytes)
+    packed = q.transpose(0, 2, 1, 3).reshape(1, 1, HEADS * DIM)  # [B, 1, H * Dh]
+    heads = [helper.make_tensor("heads", T.INT64, [4], [1, 1, HEADS, DIM])]
+    mha = [helper.make_node("MultiHeadAttention", ["qp", "K", "V"], ["m"],
+                            domain="com.microsoft", num_heads=HEADS),
+           helper.make_node("Reshape", ["m", "heads"], ["m4"]),
+           helper.make_node("Transpose", ["m4"], ["o"], perm=[0, 2, 1, 3])]
+    out["float32, MHA"] = (_session(mha, [vi("qp", T.FLOAT, packed.shape),
+                                          vi("K", T.FLOAT, K.shape), vi("V", T.FLOAT, V.shape)],
+                                    heads, threads),
+                           {"qp": packed, "K": K, "V": V}, K.nbytes + V.nbytes)
     K16, V16 = K.astype(np.float16), V.astype(np.float16)
     half = [vi("K16", T.FLOAT16, K.shape), vi("V16", T.FLOAT16, V.shape)]
     cast = [helper.make_node("Cast", ["K16"], ["K"], to=T.FLOAT),
