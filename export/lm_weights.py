@@ -162,7 +162,7 @@ def spot_check(path: str | Path, build: Callable[[Sources], EditableGraph],
                plans: dict[str, WeightPlan], header: SafetensorsHeader) -> int:
     """Compares every weight stored in graph `path` with what `build` (the graph's own
     construction, e.g. final_graph) makes of the checkpoint, three output channels at a time,
-    the parameters read by torch (lm.read_parameter). Returns the parameter rows compared;
+    the parameters read by torch (read_parameter). Returns the parameter rows compared;
     raises ExportMismatch naming the first weight, row and checkpoint tensor that differ."""
     path = Path(path)
     stored = {t.name: t for t in onnx.load(str(path), load_external_data=False).graph.initializer}
