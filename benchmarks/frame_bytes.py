@@ -10,6 +10,8 @@ masked, not skipped, so the bytes do not depend on the position).
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,27 +129,24 @@ def estimate_bytes_per_frame(cfg: PersonaPlexConfig, layout: Layout,
 
 def copy_bandwidth(threads: int, mbytes: int = 512, repeats: int = 5) -> float:
     """Bytes/s moved by parallel numpy copies (read + write counted, like STREAM's copy): the
-    floor bench_lm.py holds the LM to."""
+    floor bench_lm.py holds the LM to. The fastest of `repeats`, the array split evenly between
+    `threads` (numpy lets go of the GIL while it copies)."""
     n = mbytes * (1 << 20) // 4
     src = np.ones(n, np.float32)
     dst = np.zeros(n, np.float32)
-    return 2 * src.nbytes / _best_parallel(threads, n, repeats,
-                                           lambda a, b: np.copyto(dst[a:b], src[a:b]))
-
-
-def _best_parallel(threads: int, n: int, repeats: int, work) -> float:
-    """The fastest of `repeats` runs of `work(a, b)` over 0..n split between `threads`."""
-    import time
-    from concurrent.futures import ThreadPoolExecutor
-
     bounds = np.linspace(0, n, threads + 1).astype(int)
+
+    def copy(i: int) -> None:
+        a, b = bounds[i], bounds[i + 1]
+        np.copyto(dst[a:b], src[a:b])
+
     best = float("inf")
     with ThreadPoolExecutor(threads) as pool:
         for _ in range(repeats):
             t0 = time.perf_counter()
-            list(pool.map(lambda i: work(bounds[i], bounds[i + 1]), range(threads)))
+            list(pool.map(copy, range(threads)))
             best = min(best, time.perf_counter() - t0)
-    return best
+    return 2 * src.nbytes / best
 
 
 def floor_ms(nbytes: int, gb_per_s: float) -> float:

@@ -25,6 +25,7 @@ GB/s, and the error of its output against float32 (max |diff| / max |float32|).
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
@@ -144,8 +145,6 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=20)
     args = ap.parse_args()
-    import os
-
     made = forms(args.threads)
     outputs = {name: s.run(None, feeds)[0] for name, (s, feeds, _) in made.items()}
     ref = outputs["float32"]

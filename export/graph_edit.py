@@ -27,12 +27,16 @@ _INLINE_LIMIT = 1_800_000_000  # protobuf's 2 GB cap, with room for the graph it
 _INLINE_BELOW = 1024  # constants smaller than this stay in the graph even when data is external
 
 
+def element_bytes(data_type: int, count: int) -> int:
+    """Stored bytes of `count` elements of an ONNX type (int4: two to a byte)."""
+    if data_type in (TensorProto.INT4, TensorProto.UINT4):
+        return (count + 1) // 2
+    return count * onnx.helper.tensor_dtype_to_np_dtype(data_type).itemsize
+
+
 def tensor_bytes(t: TensorProto) -> int:
     """Stored bytes of an initializer, from its type and shape (its data not read)."""
-    count = int(np.prod(t.dims, dtype=np.int64))
-    if t.data_type in (TensorProto.INT4, TensorProto.UINT4):
-        return (count + 1) // 2
-    return count * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    return element_bytes(t.data_type, int(np.prod(t.dims, dtype=np.int64)))
 
 
 class EditableGraph:

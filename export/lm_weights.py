@@ -35,7 +35,7 @@ from onnx import TensorProto, numpy_helper
 from personaplex_edge.progress import Meter
 
 from .frugal import SafetensorsHeader, WeightPlan
-from .graph_edit import EditableGraph
+from .graph_edit import EditableGraph, element_bytes
 from .onnx_export import ExportMismatch
 from .precision import apply_plan, rewrites
 from .precision_plan import PrecisionPlan
@@ -112,8 +112,7 @@ def _read_rows(t: TensorProto, base: Path, start: int, stop: int) -> np.ndarray:
     if packed and per_row % 2:  # rows do not start on bytes: read it all (tiny graphs only)
         whole = numpy_helper.to_array(t, base_dir=str(base))
         return whole[start:stop]
-    row_bytes = per_row // 2 if packed else \
-        per_row * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    row_bytes = element_bytes(t.data_type, per_row)
     if t.data_location == TensorProto.EXTERNAL:
         ext = {e.key: e.value for e in t.external_data}
         with open(base / ext["location"], "rb") as f:
@@ -163,7 +162,7 @@ def spot_check(path: str | Path, build: Callable[[Sources], EditableGraph],
                plans: dict[str, WeightPlan], header: SafetensorsHeader) -> int:
     """Compares every weight stored in graph `path` with what `build` (the graph's own
     construction, e.g. final_graph) makes of the checkpoint, three output channels at a time,
-    the parameters read by torch (lm.read_parameter). Returns the parameter rows compared;
+    the parameters read by torch (read_parameter). Returns the parameter rows compared;
     raises ExportMismatch naming the first weight, row and checkpoint tensor that differ."""
     path = Path(path)
     stored = {t.name: t for t in onnx.load(str(path), load_external_data=False).graph.initializer}

@@ -170,8 +170,9 @@ def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "f
     check (export_lm_graphs_frugal: "auto", "full", "reduced", "off"); the codec is always
     checked in full. The LM graphs are written in `precision` for `backend` (see
     export/precision.py; the depformer in `depformer_precision` when given), each weight
-    converted on its way from the checkpoint, after a check of the float32 graph. For TensorRT, `engine_builder` (when given) builds the engines in the staging
-    directory before the manifest is written; without one the graphs are written for a later
+    converted on its way from the checkpoint, after a check of the float32 graph. For TensorRT,
+    `engine_builder` (when given) builds the engines in the staging directory before the
+    manifest is written; without one the graphs are written for a later
     `personaplex-edge engines --model DIR` on the target. Every choice is checked before
     anything is written: what a backend cannot run is refused, what TensorRT may not honour
     (int8 / fp8 weight-only) is said first."""
@@ -183,7 +184,7 @@ def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "f
         raise PersonaPlexError(f"--batch {batch}: the conversations a graph call steps must be "
                                "a whole number, at least 1")
     # an impossible combination (fp8 or bf16 for onnxruntime, a bad KV dtype) fails now, not
-    # after the float32 export it would otherwise follow
+    # after the codec's export and the LM's check it would otherwise follow
     plans, warnings = check_plans(precision, backend, kv_dtype, depformer_precision)
     engines = backend == "tensorrt" and engine_builder is not None
     cfg = ckpt.config

@@ -111,10 +111,11 @@ def convert_precision(model_dir: str | Path, manifest: Manifest, precision: str,
                       kv_dtype: str | None = None, block_size: int | None = None,
                       progress: Progress = print,
                       depformer_precision: str | None = None) -> Manifest:
-    """Rewrites the LM graphs of a float32 model directory (in place; meant for the export's
-    staging directory) to `precision` (the depformer to `depformer_precision` when given), for
-    the manifest's backend. Returns the manifest to write: graph entries with new sha256s,
-    precisions and ring dtypes, `precision` set."""
+    """Rewrites the LM graphs of a float32 model directory in place to `precision` (the
+    depformer to `depformer_precision` when given), for the manifest's backend. Returns the
+    manifest to write: graph entries with new sha256s, precisions and ring dtypes, `precision`
+    set. (The export no longer goes through float32: it writes each weight in its precision
+    straight from the checkpoint, lm_weights.py.)"""
     model_dir = Path(model_dir)
     if manifest.precision != "fp32":
         raise PersonaPlexError(f"{model_dir} is already {manifest.precision}; convert from a "

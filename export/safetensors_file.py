@@ -23,7 +23,6 @@ from typing import Callable, Iterator
 import numpy as np
 
 from personaplex_edge.errors import CheckpointError
-from personaplex_edge.voices import bf16_bits_to_float32
 
 # safetensors dtype -> numpy dtype of the stored bits (bf16 is read as its uint16 bits)
 STORED = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32, "F64": np.float64,
@@ -174,7 +173,8 @@ class SafetensorsHeader:
 
 
 def into_float32(bits: np.ndarray, dtype: str, out: np.ndarray) -> None:
-    """to_float32 into `out` (float32, bits' shape), with no temporary."""
+    """Stored elements -> float32 `out` (bits' shape), with no temporary: bf16 bits widened
+    exactly (the upper half of a float32, as the voice bank's are)."""
     if dtype == "BF16":
         np.left_shift(bits, 16, out=out.view(np.uint32), dtype=np.uint32)
     else:
@@ -182,7 +182,7 @@ def into_float32(bits: np.ndarray, dtype: str, out: np.ndarray) -> None:
 
 
 def to_float32(bits: np.ndarray, dtype: str) -> np.ndarray:
-    """Stored elements -> float32 (bf16 bits widened exactly, as the voice bank's are)."""
-    if dtype == "BF16":
-        return bf16_bits_to_float32(bits)
-    return bits.astype(np.float32)
+    """into_float32 into a new array."""
+    out = np.empty(bits.shape, np.float32)
+    into_float32(bits, dtype, out)
+    return out

@@ -25,7 +25,7 @@ def fold_weight_transposes(g: EditableGraph) -> int:
             name = g.fresh(f"{w}.T")
             source = g.loader(w)
             g.put_lazy(name, g.inits[w].data_type, list(g.inits[w].dims)[::-1],
-                       lambda source=source: source().T)  # a view: see below
+                       lambda source=source: source().T)  # a view: see the module docstring
             renames[node.output[0]] = name
             folded += 1
             continue

@@ -56,6 +56,7 @@ def qmax(bits: int) -> int:
 # block buys a finer step for all the others. Round-to-nearest on max|w| alone leaves 4-bit
 # errors ~15-20% larger (squared error, Gaussian-like weights).
 CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7)
+_PIECE = 1 << 18  # float32 values quantised at once (1 MB): a piece and its scratch fit in L2
 
 
 def quantize_blockwise(w: np.ndarray, bits: int, block_size: int,
@@ -93,39 +94,36 @@ def quantize_blockwise(w: np.ndarray, bits: int, block_size: int,
     return BlockQuant(q.T, scales.T, k, bits, block_size)
 
 
-_PIECE = 1 << 18  # float32 values quantised at once (1 MB): a piece and its scratch fit in L2
-
-
 def _quantize_blocks(blocks: np.ndarray, bits: int, ratios) -> tuple[np.ndarray, np.ndarray]:
     """blocks [m, n_blocks, bs] -> (q [m, n_blocks * bs] int8, scales [m, n_blocks])."""
     absmax = np.abs(blocks).max(axis=2)  # [m, n_blocks]
     # an all-zero block gets scale 1 (any scale gives q = 0); avoids dividing by zero
     full = np.where(absmax > 0, absmax / qmax(bits), 1.0).astype(np.float32)
-    lo, hi = -qmax(bits) - 1, qmax(bits)
-    work = np.empty_like(blocks)
-    best_scale, best_err = full, None
-    for ratio in ratios:
-        scale = (full * ratio).astype(np.float32)[..., None]  # [m, n_blocks, 1]
+    work = np.empty_like(blocks)  # the one scratch every ratio's rounding and error reuse
+
+    def rounded(scale: np.ndarray) -> np.ndarray:  # scale [m, n_blocks, 1]
         np.divide(blocks, scale, out=work)
         np.rint(work, out=work)
-        np.clip(work, lo, hi, out=work)
-        if len(ratios) == 1:
-            break
-        work *= scale
-        work -= blocks
-        np.square(work, out=work)
-        err = work.sum(axis=2)  # [m, n_blocks]
-        if best_err is None:
-            best_err = err
-        else:
-            better = err < best_err
-            best_scale = np.where(better, scale[..., 0], best_scale)
-            best_err = np.minimum(err, best_err)
-    if len(ratios) > 1:
-        np.divide(blocks, best_scale[..., None], out=work)
-        np.rint(work, out=work)
-        np.clip(work, lo, hi, out=work)
-    return work.astype(np.int8).reshape(blocks.shape[0], -1), best_scale
+        return np.clip(work, -qmax(bits) - 1, qmax(bits), out=work)
+
+    best_scale = full
+    if len(ratios) > 1:  # the ratio with the least squared error, per block
+        best_err = None
+        for ratio in ratios:
+            scale = (full * ratio).astype(np.float32)[..., None]  # [m, n_blocks, 1]
+            err = rounded(scale)
+            err *= scale
+            err -= blocks
+            np.square(err, out=err)
+            err = err.sum(axis=2)  # [m, n_blocks]
+            if best_err is None:
+                best_scale, best_err = scale[..., 0], err
+            else:
+                better = err < best_err
+                best_scale = np.where(better, scale[..., 0], best_scale)
+                best_err = np.minimum(err, best_err)
+    q = rounded(best_scale[..., None])
+    return q.astype(np.int8).reshape(blocks.shape[0], -1), best_scale
 
 
 def quantize_per_channel(w: np.ndarray, bits: int = 8) -> tuple[np.ndarray, np.ndarray]:
