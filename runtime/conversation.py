@@ -157,7 +157,7 @@ class Conversation:
     @property
     def saying(self) -> bool:
         """Whether words steer the text stream (queued, spoken, or the model not yet back)."""
-        return self.group.speakers[self.row].running
+        return self.group.say_machines[self.row].running
 
     def say_events(self) -> list[SayEvent]:
         """The word events since the last call (when no on_say takes them)."""

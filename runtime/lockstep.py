@@ -78,7 +78,7 @@ class Lockstep:
         # [9] per row: text, agent cb0..7 of the frame the row last emitted (None before one)
         self.last_frames: list[np.ndarray | None] = [None] * self.batch
         self._extra_set = np.ones(self.batch, bool)  # the row's extra embedding may be non-zero
-        self.speakers = [SayMachine() for _ in range(self.batch)]  # each row's word queue
+        self.say_machines = [SayMachine() for _ in range(self.batch)]  # each row's word queue
         self._saying: set[int] = set()  # rows whose machine runs: the tick steers their text
         self.metrics = FrameMetrics()  # per tick
         self.lock = threading.RLock()  # one tick (or prefill) at a time on these buffers
@@ -107,7 +107,7 @@ class Lockstep:
     def leave(self, row: int) -> None:
         self.members[row] = None
         self.noise[row] = None
-        self.speakers[row] = SayMachine()  # the next owner hears nothing of this one's words
+        self.say_machines[row] = SayMachine()  # the next owner hears nothing of this one's words
         self._saying.discard(row)
 
     def reset_row(self, row: int) -> None:
@@ -115,7 +115,7 @@ class Lockstep:
         rings need nothing: their slots are masked by position)."""
         self.encoder.reset([row])
         self.decoder.reset([row])
-        self.speakers[row].reset(self.rings[row].position)
+        self.say_machines[row].reset(self.rings[row].position)
         self._saying.discard(row)
         self.rings[row].reset()
         self.last_frames[row] = None
@@ -141,19 +141,19 @@ class Lockstep:
     # -- say ------------------------------------------------------------------------------------
     def say(self, row: int, words: list[Word]) -> None:
         """Appends words to `row`'s queue: its next tick steers its text stream."""
-        self.speakers[row].add(words)
-        if self.speakers[row].running:
+        self.say_machines[row].add(words)
+        if self.say_machines[row].running:
             self._saying.add(row)
 
     def cancel_say(self, row: int) -> None:
-        self.speakers[row].cancel(self.rings[row].position)
-        if not self.speakers[row].running:
+        self.say_machines[row].cancel(self.rings[row].position)
+        if not self.say_machines[row].running:
             self._saying.discard(row)
 
     def said(self, row: int) -> list[SayEvent]:
         """The row's word events since the last call (the machine's own empty list when none:
         nothing is allocated while nothing is said)."""
-        machine = self.speakers[row]
+        machine = self.say_machines[row]
         events = machine.events
         if events:
             machine.events = []
@@ -163,7 +163,7 @@ class Lockstep:
         """The sampled text tokens [B] of the rows saying words, through their machines."""
         positions = self._h[POSITION]
         for b in rows:
-            machine = self.speakers[b]
+            machine = self.say_machines[b]
             if machine.running:
                 text[b] = machine.feed(int(text[b]), int(positions[b]))
                 if not machine.running:

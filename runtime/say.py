@@ -66,9 +66,11 @@ class SayEvent:
     step: int  # the conversation's position (frames since its start, persona included)
     last: bool
 
-    def to_dict(self) -> dict:
+    def to_dict(self, first_step: int = 0) -> dict:
+        """The event as the wires send it, its step counted from `first_step` (a front end
+        passes the persona's frames: the client's first frame is step 0)."""
         return {"event": self.kind, "word": self.word, "utterance": self.utterance,
-                "index": self.index, "step": self.step, "last": self.last}
+                "index": self.index, "step": self.step - first_step, "last": self.last}
 
 
 @dataclass(frozen=True)

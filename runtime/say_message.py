@@ -62,6 +62,4 @@ def queued_payload(utterance: Utterance) -> bytes:
 
 def event_payload(event: SayEvent, first_step: int) -> bytes:
     """A word event, its step counted from `first_step` (the first frame after the persona)."""
-    data = event.to_dict()
-    data["step"] -= first_step
-    return _json(data)
+    return _json(event.to_dict(first_step))

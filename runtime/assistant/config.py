@@ -126,10 +126,14 @@ KEYS: dict[str, Key] = {
 }
 
 
-def default_config_path() -> Path:
+def config_home() -> Path:
+    """$XDG_CONFIG_HOME, else ~/.config: where the config file and the systemd user unit go."""
     xdg = os.environ.get("XDG_CONFIG_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".config"
-    return base / "personaplex-edge" / "assistant.toml"
+    return Path(xdg) if xdg else Path.home() / ".config"
+
+
+def default_config_path() -> Path:
+    return config_home() / "personaplex-edge" / "assistant.toml"
 
 
 def default_socket_path() -> Path:

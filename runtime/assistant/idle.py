@@ -144,11 +144,10 @@ class IdleGate:
         self.conv.cancel_say()
 
     def _said(self, event: "SayEvent") -> None:
-        data = event.to_dict()
-        # the socket's events name themselves in "event"; a word's fate goes in "word_event",
-        # its step counted from the conversation's first frame after the persona
+        # its step counted from the conversation's first frame after the persona; the socket's
+        # events name themselves in "event", so a word's fate goes in "word_event"
+        data = event.to_dict(self.conv.prompt_frames)
         data["word_event"] = data.pop("event")
-        data["step"] -= self.conv.prompt_frames
         self.emit({"event": "say", **data})
 
     def set_persona(self, persona: Persona, sampling: "SamplingParams | None" = None) -> None:

@@ -11,13 +11,14 @@ from pathlib import Path
 
 from personaplex_edge.atomic import write_text_atomic
 
+from .config import config_home
+
 UNIT_NAME = "personaplex-edge-assistant.service"
 TEMPLATE = Path(__file__).with_name(UNIT_NAME)
 
 
 def user_unit_dir() -> Path:
-    xdg = os.environ.get("XDG_CONFIG_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".config") / "systemd" / "user"
+    return config_home() / "systemd" / "user"
 
 
 def executable() -> list[str]:
