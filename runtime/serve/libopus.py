@@ -25,8 +25,6 @@ MAX_PACKET_BYTES = 4000  # libopus's own recommendation for an encoder's output 
 
 def _declare(lib: ctypes.CDLL) -> None:
     p, i, i32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int32
-    lib.opus_get_version_string.restype = ctypes.c_char_p
-    lib.opus_get_version_string.argtypes = []
     lib.opus_strerror.restype = ctypes.c_char_p
     lib.opus_strerror.argtypes = [i]
     lib.opus_decoder_create.restype = p
@@ -67,10 +65,6 @@ def require() -> ctypes.CDLL:
     if lib is None:
         raise PersonaPlexError(f"serve needs libopus ({missing_reason()}): {INSTALL_HINT}")
     return lib
-
-
-def version() -> str:
-    return require().opus_get_version_string().decode()
 
 
 def _check(lib: ctypes.CDLL, code: int, what: str) -> int:

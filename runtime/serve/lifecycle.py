@@ -133,8 +133,8 @@ async def _converse(state: ServerState, wire: Wire, ws: web.WebSocketResponse,
     session = wire.open_session(peer=peer, max_backlog=state.max_backlog,
                                 send_queue=state.send_queue, sample_rate=model.sample_rate,
                                 frame_size=model.frame_size, wake=state.ticker.wake,
-                                piece=model.text.piece, max_ahead_s=state.max_ahead_s,
-                                call=state.ticker.call)
+                                call=state.ticker.call, piece=model.text.piece,
+                                max_ahead_s=state.max_ahead_s)
     state.sessions.add(session)
     prefill: Future | None = None
     reason: str | None = None

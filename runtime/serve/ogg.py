@@ -85,7 +85,6 @@ class PacketReader:
     def __init__(self):
         self._buffer = bytearray()  # the start of a page not yet whole
         self._partial = bytearray()  # a packet that continues on the next page
-        self.granule = 0  # the last page's granule position (48 kHz samples)
 
     def feed(self, data: bytes) -> list[bytes]:
         self._buffer += data
@@ -102,7 +101,7 @@ class PacketReader:
         return packets
 
     def _page(self, data: bytes) -> list[bytes]:
-        _, version, flags, granule, _, _, stored, n = HEADER.unpack_from(data)
+        _, version, flags, _, _, _, stored, n = HEADER.unpack_from(data)
         if version != 0:
             raise OggError(f"Ogg stream structure version {version} (only 0 exists)")
         if crc(data[:22] + b"\0\0\0\0" + data[26:]) != stored:
@@ -116,8 +115,6 @@ class PacketReader:
             if size < 255:
                 packets.append(bytes(self._partial))
                 self._partial.clear()
-        if granule != -1:  # -1: no packet ends on this page
-            self.granule = granule
         return packets
 
 

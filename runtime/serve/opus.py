@@ -45,32 +45,25 @@ class OpusDecoder:
 
     def feed(self, data: bytes) -> list[np.ndarray]:
         """One message's bytes (pages in any chunking) -> the whole frames they complete."""
-        try:
-            packets = self._reader.feed(data)
-        except OggError as e:
-            raise OpusError(f"not an Ogg/Opus stream ({e})") from None
         frames = []
-        for packet in packets:
-            if self.head is None:
-                try:
+        try:
+            for packet in self._reader.feed(data):
+                if self.head is None:
                     self.head = OpusHead.parse(packet)
-                except OggError as e:
-                    raise OpusError(f"not an Ogg/Opus stream ({e})") from None
-                continue
-            if is_header(packet):  # OpusTags, or the headers of a chained stream
-                continue
-            try:
+                    continue
+                if is_header(packet):  # OpusTags, or the headers of a chained stream
+                    continue
                 self._filled += self._codec.decode(packet, self._pcm[self._filled:])
-            except libopus.OpusCodecError as e:
-                raise OpusError(f"not an Ogg/Opus stream ({e})") from None
-            while self._filled >= self.frame_size:
-                frame = self._pcm[:self.frame_size].copy()
-                if not np.isfinite(frame).all():
-                    raise OpusError("the Opus stream decoded to non-finite samples")
-                frames.append(frame)
-                rest = self._filled - self.frame_size
-                self._pcm[:rest] = self._pcm[self.frame_size:self._filled]
-                self._filled = rest
+                while self._filled >= self.frame_size:
+                    frame = self._pcm[:self.frame_size].copy()
+                    if not np.isfinite(frame).all():
+                        raise OpusError("the Opus stream decoded to non-finite samples")
+                    frames.append(frame)
+                    rest = self._filled - self.frame_size
+                    self._pcm[:rest] = self._pcm[self.frame_size:self._filled]
+                    self._filled = rest
+        except (OggError, libopus.OpusCodecError) as e:  # the framing's or the codec's word
+            raise OpusError(f"not an Ogg/Opus stream ({e})") from None
         return frames
 
 

@@ -241,6 +241,12 @@ class Response:
                 "output_token_details": {"text_tokens": text, "audio_tokens": audio}}
 
 
+def _message(item_id: str, status: str, content: list[dict]) -> dict:
+    """An assistant message item: a client's text to say, or a response's audio."""
+    return {"id": item_id, "object": "realtime.item", "type": "message", "role": "assistant",
+            "status": status, "content": content}
+
+
 class ServerEvents:
     """The server events of one connection, as JSON text, in its client's vocabulary."""
 
@@ -285,9 +291,7 @@ class ServerEvents:
 
     def item_created(self, item_id: str, text: str) -> list[str]:
         """A client's assistant text item, taken into the conversation."""
-        item = {"id": item_id, "object": "realtime.item", "type": "message",
-                "role": "assistant", "status": "completed",
-                "content": [{"type": self.names.text_type, "text": text}]}
+        item = _message(item_id, "completed", [{"type": self.names.text_type, "text": text}])
         events = [self._encode(self.names.item_added, previous_item_id=None, item=item)]
         if self.names.item_done is not None:
             events.append(self._encode(self.names.item_done, previous_item_id=None, item=item))
@@ -297,8 +301,7 @@ class ServerEvents:
     def _item(self, r: Response, status: str, transcript: str | None = None) -> dict:
         content = [] if transcript is None else [{"type": self.names.content_type,
                                                   "transcript": transcript}]
-        return {"id": r.item_id, "object": "realtime.item", "type": "message",
-                "role": "assistant", "status": status, "content": content}
+        return _message(r.item_id, status, content)
 
     def _response(self, r: Response, status: str, output: list, **more) -> dict:
         modalities = {"modalities": ["audio", "text"]} if self.beta else \

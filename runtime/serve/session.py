@@ -79,9 +79,9 @@ class Session:
     protocol = ""  # the route's name in the logs: "chat", "realtime"
 
     def __init__(self, peer: str, max_backlog: int, send_queue: int, sample_rate: int,
-                 frame_size: int, wake: Callable[[], None], piece: Callable[[int], str],
-                 max_ahead_s: float | None = None,
-                 call: Callable[[Callable[[], Any]], Future] | None = None):
+                 frame_size: int, wake: Callable[[], None],
+                 call: Callable[[Callable[[], Any]], Future], piece: Callable[[int], str],
+                 max_ahead_s: float | None = None):
         self.id = next(_ids)
         self.peer = peer
         self.params: "ChatParams | None" = None  # known once the protocol has the persona
@@ -155,7 +155,7 @@ class Session:
     def with_conversation(self, job: Job, then: Callable[[Any], None] | None = None) -> None:
         """job(conversation) on the tick thread between two ticks (held until the prefill is
         done), so the event loop never waits for a tick; then(its result) on the event loop."""
-        if self.conv is None or self._call is None:
+        if self.conv is None:
             self._waiting.append((job, then))
             return
         conv = self.conv
