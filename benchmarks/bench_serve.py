@@ -71,8 +71,8 @@ def opus_pages(pcm: np.ndarray) -> list[bytes]:
 
 
 def opus_round_trip(pages: list[bytes]) -> np.ndarray:
-    """What the server decodes from those pages (sphn's reader, fed page by page as the server
-    feeds it)."""
+    """What a decoder independent of the server makes of those pages (sphn's reader, as moshi's
+    own code decodes, fed page by page): the samples the server's model should hear."""
     import sphn
 
     from personaplex_edge.runtime.serve.ogg import ogg_pages

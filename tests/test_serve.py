@@ -273,8 +273,8 @@ def test_a_client_streaming_far_ahead_of_the_clock_is_ended(demo_model, demo_mod
 
 
 def test_one_message_of_many_seconds_is_decoded_whole(greedy_server):
-    """A valid Ogg/Opus message holding 12 s (under the 1 MiB bound): sphn decodes at most
-    5 s per call, so it is fed page by page, never refused as 'not Ogg/Opus'."""
+    """A valid Ogg/Opus message holding 12 s (under the 1 MiB bound) is decoded whole, every
+    page of it, never refused as 'not Ogg/Opus'."""
     blob = b"".join(opus_pages(speech(12.0)))
     n = len(opus_round_trip([blob])) // FRAME
     r = chat(greedy_server, [blob], pace=None, until_frames=n, tail_s=15)

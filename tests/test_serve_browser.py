@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("aiohttp")
-pytest.importorskip("sphn")
 
 from bench_serve import HELLO, ServerThread  # noqa: E402
 from browser.cdp import Chromium, find_chromium  # noqa: E402

@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("aiohttp")
-pytest.importorskip("sphn")
 
 from bench_serve import FRAME, ServerThread, speech  # noqa: E402
 from side_venv import side_venv  # noqa: E402

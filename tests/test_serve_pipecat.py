@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 pytest.importorskip("aiohttp")
-pytest.importorskip("sphn")
 
 from bench_serve import FRAME, ServerThread, speech  # noqa: E402
 from side_venv import side_venv  # noqa: E402

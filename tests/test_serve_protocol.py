@@ -1,5 +1,5 @@
 """The server's pieces that need no model: message framing, query parameters, the host,
-origin and token checks, the drop-oldest backlog, sphn's Opus both ways, and the OpenAI Realtime wire
+origin and token checks, the drop-oldest backlog, the server's Opus both ways, and the OpenAI Realtime wire
 format's PCM and session fields."""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 pytest.importorskip("aiohttp")
-pytest.importorskip("sphn")
 
 from aiohttp.test_utils import make_mocked_request  # noqa: E402
 

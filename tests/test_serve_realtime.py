@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 pytest.importorskip("aiohttp")
-pytest.importorskip("sphn")
 pytest.importorskip("prometheus_client")
 openai = pytest.importorskip("openai")
 websockets = pytest.importorskip("websockets")
