@@ -124,6 +124,8 @@ def open_lm(model_dir: str | Path, backend: str, threads: int | None = None) -> 
         ort-cpu     onnxruntime on the CPU (OrtGraph)
         ort-cuda    onnxruntime's CUDA provider, buffers and KV rings on the device
                     (OrtCudaGraph), both graphs on one stream
+        ort-cuda-graph  the same, each graph's run captured by onnxruntime as a CUDA graph
+                    and replayed (one per state parity)
         trt         TensorRT engines, each graph through the host (TrtGraph, HostLM)
         trt-linked  TensorRT, the depformer reading Helium's device outputs, eager
         trt-graph   the same replayed as CUDA graphs: what a conversation runs
@@ -134,13 +136,14 @@ def open_lm(model_dir: str | Path, backend: str, threads: int | None = None) -> 
     if backend == "ort-cpu":
         return GreedyLM(model_dir, dataclasses.replace(manifest, backend="onnx"), device="cpu",
                         threads=threads)
-    if backend == "ort-cuda":
+    if backend in ("ort-cuda", "ort-cuda-graph"):
         from personaplex_edge.runtime.backends.cuda_runtime import Stream
         from personaplex_edge.runtime.backends.ort_cuda import OrtCudaModelGraph
 
         stream = Stream()
         return GreedyLM(model_dir, manifest, opener=lambda name: OrtCudaModelGraph(
-            model_dir, manifest.graphs[name], stream=stream).bind())
+            model_dir, manifest.graphs[name], stream=stream,
+            cuda_graph=backend == "ort-cuda-graph").bind())
     trt = dataclasses.replace(manifest, backend="tensorrt")
     if backend == "trt":
         return GreedyLM(model_dir, trt)

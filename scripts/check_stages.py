@@ -32,6 +32,19 @@ def use_source_tree() -> None:
         personaplex_edge.__path__.append(str(ROOT))
 
 
+def simulated_cuda():
+    """tests/fake_gpu's simulated device as cuda-python's runtime (the checks' --simulate:
+    their GPU stages run on the host, checking the checks, saying nothing of a GPU)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import fake_gpu
+
+    from personaplex_edge.runtime.backends import cuda_runtime
+
+    cuda = fake_gpu.FakeCuda()
+    cuda_runtime.cudart = lambda: cuda
+    return cuda
+
+
 def say(msg: str = "") -> None:
     print(msg, flush=True)
 

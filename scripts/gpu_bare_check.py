@@ -40,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from check_stages import (ROOT, Budget, Skip, Stages, first_line, gpu_reason,  # noqa: E402
-                          say, use_source_tree)
+                          say, simulated_cuda, use_source_tree)
 
 use_source_tree()
 
@@ -91,18 +91,6 @@ def prepare(bundle: Path, progress=say, source: Path | None = None) -> Path:
 
 # ---- the stages (each runs in a child process) --------------------------------------------------
 
-def _simulated_cuda():
-    """tests/fake_gpu's simulated device as cuda-python's runtime (for --simulate)."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    import fake_gpu
-
-    from personaplex_edge.runtime.backends import cuda_runtime
-
-    cuda = fake_gpu.FakeCuda()
-    cuda_runtime.cudart = lambda: cuda
-    return cuda
-
-
 def _need_gpu(simulate: bool) -> None:
     if not simulate:
         why = gpu_reason()
@@ -141,7 +129,7 @@ def stage_plumbing(bundle: Path, simulate: bool) -> dict:
     import plumbing_check as pc
 
     if simulate:
-        cuda = _simulated_cuda()
+        cuda = simulated_cuda()
         return pc.check_plumbing(pc.NumpyKernels(cuda))
     _need_gpu(simulate)
     try:
@@ -168,7 +156,7 @@ def stage_tensorrt_path(bundle: Path, simulate: bool) -> dict:
 
     model = _model(bundle)
     if simulate:
-        host = standin_engine.QueuedHostFunctions(_simulated_cuda())
+        host = standin_engine.QueuedHostFunctions(simulated_cuda())
     else:
         _need_gpu(simulate)
         host, why = standin_engine.host_functions()
@@ -183,7 +171,7 @@ def stage_ort_cuda_path(bundle: Path, simulate: bool) -> dict:
 
     model = _model(bundle)
     if simulate:
-        _simulated_cuda()
+        simulated_cuda()
     else:
         _need_gpu(simulate)
     return backend_check.check_ort_cuda(model, frames=FRAMES)

@@ -3,7 +3,8 @@ builds TensorRT engines, compares greedy tokens with onnxruntime on the CPU, and
 ms/frame for each backend and precision, then the full-size 7B bandwidth estimate.
 
     python scripts/gpu_check.py [--budget-s 480] [--work DIR] [--frames 100] [--cpu-only]
-                                [--configs tiny,mid] [--json out.json]
+                                [--configs tiny,codec,mid,demo,7b] [--precisions P-B,...]
+                                [--skeleton DIR] [--simulate] [--json out.json]
 
 Run through scripts/gpu_check.sh on a GPU machine (it installs what is needed first). Every
 stage is fenced: a failure is printed with its reason and the check goes on; stages that would
@@ -20,7 +21,10 @@ benchmarks/lm_probe.open_lm):
                 graphs per frame (runtime/lm_frame.DeviceLinkedLM)
 
 A GPU machine without a network (no TensorRT or onnxruntime-gpu to install) runs
-scripts/gpu_bare_check.py instead; scripts/gpu_check.sh chooses.
+scripts/gpu_bare_check.py instead; scripts/gpu_check.sh chooses. A machine with torch but
+no onnxruntime-gpu gets it carried in pieces: scripts/ort_gpu_check.sh runs this check's
+onnxruntime stages there (demo, 7b, mid, tiny), the 7B's fp16 graphs carried as a skeleton
+(scripts/skeleton.py) and their weights made again on the machine.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from check_stages import Budget, Stages, say, use_source_tree  # noqa: E402
 use_source_tree()
 
 TIMINGS: list[dict] = []
+SIMULATED = False  # --simulate
 STAGES = Stages(Budget(480))  # main() replaces it with the run's budget
 
 
@@ -107,12 +112,18 @@ def engines(model_dir: Path, graphs: list[str]) -> str:
 # ---- running --------------------------------------------------------------------------------------
 
 def time_lm(label: str, model_dir: Path, backend: str, user: np.ndarray,
-            reference: np.ndarray | None, warmup: int = 5) -> str:
+            reference: np.ndarray | None, warmup: int = 5, against: str = "ort-cpu",
+            then=None) -> str:
+    """Greedy frames of `user` codes on `backend`; `then(lm)`, if given, runs on the same
+    open LM before it closes (a 7B's weights are loaded once)."""
     from lm_probe import agreement, open_lm
 
     lm = open_lm(model_dir, backend)
-    run = lm.run(user, forced=reference)
-    lm.close()
+    try:
+        run = lm.run(user, forced=reference)
+        done = then(lm) if then is not None else ""
+    finally:
+        lm.close()
     tokens, total = run.tokens, run.temporal_ms + run.depformer_ms
     temporal, depformer = run.temporal_ms[warmup:].mean(), run.depformer_ms[warmup:].mean()
     if backend in ("trt-linked", "trt-graph"):  # one device sequence: no split to report
@@ -123,14 +134,15 @@ def time_lm(label: str, model_dir: Path, backend: str, user: np.ndarray,
            "depformer_ms": None if depformer is None else float(depformer)}
     if reference is not None:
         row["agreement"] = agreement(tokens, reference)
+        row["against"] = against
     else:
         row["tokens"] = tokens
     TIMINGS.append(row)
     agree = ""
     if reference is not None:
         a = row["agreement"]
-        agree = f", tokens vs ort-cpu: text {a['text']:.1%} audio {a['audio']:.1%}"
-    return f"{row['total_ms']:.2f} ms/frame (p90 {row['p90_ms']:.2f}){agree}"
+        agree = f", tokens vs {against}: text {a['text']:.1%} audio {a['audio']:.1%}"
+    return f"{row['total_ms']:.2f} ms/frame (p90 {row['p90_ms']:.2f}){agree}{done}"
 
 
 def time_codec(label: str, model_dir: Path, backend: str, frames: int = 60) -> str:
@@ -177,6 +189,129 @@ def time_codec(label: str, model_dir: Path, backend: str, frames: int = 60) -> s
     return f"encode {row['encode_ms']:.2f} ms, decode {row['decode_ms']:.2f} ms per frame{same}"
 
 
+def time_prefill(label: str, backend: str, lm, frames: int) -> str:
+    """A persona's prefill on an open GreedyLM as a backend without a frames axis runs it
+    (OrtCudaGraph; the reference too): Helium alone, `frames` forced steps at positions 0..,
+    nothing sampled (runtime/lockstep.Lockstep.prefill_call, frame by frame)."""
+    helium, cfg = lm.helium, lm.cfg
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(0, cfg.audio_vocab_size, (frames, helium.inputs["tokens"].shape[-1]))
+    tokens[:, 0] = rng.integers(0, cfg.text_vocab_size, frames)
+    helium.run()  # the first call's setup is not the prefill's
+    t0 = time.perf_counter()
+    for t in range(frames):
+        helium.inputs["tokens"][...] = tokens[t]
+        helium.inputs["position"][...] = t
+        helium.run()  # the hidden state comes back to the host: the step has finished
+    seconds = time.perf_counter() - t0
+    TIMINGS.append({"model": label, "backend": backend, "prefill_frames": frames,
+                    "prefill_s": seconds, "prefill_ms_per_frame": 1000 * seconds / frames})
+    return (f"; prefill: {frames} frames in {seconds:.2f} s ({1000 * seconds / frames:.2f} ms "
+            "a frame, Helium alone, frame by frame)")
+
+
+def api_conversation(model_dir: Path, device: str, pcm: np.ndarray) -> dict:
+    """One greedy conversation with the default persona through the public API (Mimi, the LM
+    and the persona on `device`): its prefill, ms per frame and answer."""
+    import personaplex_edge as pe
+
+    model = pe.load(model_dir, device=device, persona_cache_mb=0)
+    try:
+        with model.conversation(greedy=True) as conv:
+            t0 = time.perf_counter()
+            answer = conv.respond(pcm)
+            seconds = time.perf_counter() - t0
+            prefill = conv.core.prefill_seconds
+        return {"runs_on": model.runs_on, "prefill_s": prefill,
+                "ms_per_frame": 1000 * seconds / len(answer.records), "answer": answer}
+    finally:
+        model.close()
+
+
+def demo_stages(frames: int) -> None:
+    """The built-in demo through `pe.load(device=...)`: the product's own path on the GPU
+    (the codec, the persona, the LM on onnxruntime's CUDA provider), its words and audio
+    against the same conversation on the CPU."""
+    from personaplex_edge.audio import read_audio
+    from personaplex_edge.model_ref import resolve_model
+
+    model = STAGES.run("demo: the built-in model", lambda: resolve_model("demo", say),
+                       need_s=30)
+    if model is None:
+        return
+    hello = Path(__file__).resolve().parents[1] / "personaplex_edge" / "data" / "hello.wav"
+    pcm = np.resize(read_audio(hello), frames * 1920)  # the sample repeated to `frames`
+    runs: dict[str, dict] = {}
+
+    def one(device: str) -> str:
+        runs[device] = r = api_conversation(model, device, pcm)
+        runs_on = ", ".join(r["runs_on"]) if isinstance(r["runs_on"], list) else r["runs_on"]
+        row = {"model": "demo (API)", "backend": runs_on, "prefill_s": r["prefill_s"],
+               "api_ms_per_frame": r["ms_per_frame"]}
+        line = (f"{runs_on}: persona prefill {r['prefill_s']:.2f} s, "
+                f"{r['ms_per_frame']:.2f} ms a frame over {frames} frames")
+        if device == "cuda" and "cpu" in runs:
+            cpu, gpu = runs["cpu"]["answer"], r["answer"]
+            same = [a == b for a, b in zip(cpu.records, gpu.records)]
+            noise = float(np.mean((cpu.pcm - gpu.pcm) ** 2))
+            snr = 10 * np.log10(float(np.mean(cpu.pcm ** 2)) / noise) if noise else float("inf")
+            row.update(records_equal=float(np.mean(same)), snr_db=snr,
+                       first_difference=next((i for i, s in enumerate(same) if not s), None))
+            line += (f"; against the CPU: text records equal {row['records_equal']:.1%} "
+                     f"(first difference {row['first_difference']}), audio SNR {snr:.1f} dB")
+        TIMINGS.append(row)
+        return line
+
+    STAGES.run("demo: conversation on the CPU", lambda: one("cpu"), need_s=30)
+    if SIMULATED:
+        STAGES.skip("demo: conversation on the GPU (onnxruntime CUDA)", "--simulate: the "
+                    "codec's sessions on CUDA hold device OrtValues the stand-in does not make")
+        return
+    STAGES.run("demo: conversation on the GPU (onnxruntime CUDA)", lambda: one("cuda"),
+               need_s=30, gpu=True)
+
+
+def full_size_stages(skeleton: Path, work: Path, frames: int) -> None:
+    """The 7B's fp16 graphs (the GPU recipe) from a skeleton carried here, their weights made
+    again (scripts/skeleton.py): ms per frame through OrtCudaGraph, eager and replayed as
+    CUDA graphs, and the default persona's prefill."""
+    import skeleton as skel
+
+    if not (skeleton / skel.RECORD).is_file():
+        STAGES.skip("7b: fp16 ort-cuda", f"no skeleton at {skeleton}: make one here with "
+                    "`python scripts/skeleton.py make FP16_MODEL_DIR build/carry/7b-skeleton` "
+                    "and carry it")
+        return
+    model = work / "fp16"
+    made = STAGES.run("7b: the weights made again from the skeleton",
+                      lambda: skel.fill(skeleton, model), need_s=120)
+    if made is None:
+        return
+    from frame_bytes import model_bytes_per_frame
+    from personaplex_edge.config import PersonaPlexConfig
+    from personaplex_edge.manifest import load_model_dir
+
+    manifest = load_model_dir(model)
+    width = manifest.config.temporal_config.hidden_size
+    size = "7b" if width == PersonaPlexConfig().temporal_config.hidden_size else "skeleton"
+    label = f"{size} {manifest.precision}-{manifest.backend}"
+    per_frame = sum(model_bytes_per_frame(model, manifest).values())
+    user = np.random.default_rng(0).integers(0, manifest.config.audio_vocab_size,
+                                             (frames + 5, 8)).astype(np.int64)
+    # the default persona's 82 frames, on the same loaded weights
+    prefill = (lambda lm: time_prefill(label, "ort-cuda", lm, 82))
+    if STAGES.run(f"{label}: ort-cuda, then the persona's prefill",
+                  lambda: time_lm(label, model, "ort-cuda", user, None, then=prefill),
+                  need_s=120, gpu=True) is None:
+        return
+    eager = next(t for t in reversed(TIMINGS) if t.get("model") == label and "tokens" in t)
+    say(f"    {per_frame / 1e9:.2f} GB a frame: {per_frame / eager['total_ms'] / 1e6:.0f} GB/s")
+    STAGES.run(f"{label}: ort-cuda-graph",
+               lambda: time_lm(label, model, "ort-cuda-graph", user, eager["tokens"],
+                               against="ort-cuda"),
+               need_s=90, gpu=True)
+
+
 # ---- report ---------------------------------------------------------------------------------------
 
 def environment(cpu_only: bool) -> str:
@@ -208,7 +343,8 @@ def report(bytes_mid: dict[str, int]) -> None:
     from personaplex_edge.export.precision import plan_for
 
     STAGES.summary()
-    say("\n## LM per frame (greedy, tokens compared with onnxruntime CPU on the same graphs)\n")
+    say("\n## LM per frame (greedy, tokens compared with onnxruntime CPU on the same graphs, "
+        "or where a row says so another backend)\n")
     say("| model | backend | temporal ms | depformer ms | total ms | p90 ms | text agree | "
         "audio agree |")
     say("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
@@ -219,7 +355,18 @@ def report(bytes_mid: dict[str, int]) -> None:
         fmt = (lambda v: "" if v is None else f"{v:.2f}")
         say(f"| {t['model']} | {t['backend']} | {fmt(t['temporal_ms'])} | "
             f"{fmt(t['depformer_ms'])} | {t['total_ms']:.2f} | {t['p90_ms']:.2f} | "
-            + (f"{a['text']:.1%} | {a['audio']:.1%} |" if a else "(reference) | |"))
+            + (f"{a['text']:.1%} | {a['audio']:.1%} |" if a else "(reference) | |")
+            + (f" (vs {t['against']})" if a and t.get("against") != "ort-cpu" else ""))
+    prefill = [t for t in TIMINGS if "prefill_s" in t]
+    if prefill:
+        say("\n## Persona prefill, and the demo through the public API\n")
+        say("| model | backend | prefill s | ms a frame | against the CPU |")
+        say("| --- | --- | ---: | ---: | --- |")
+        for t in prefill:
+            ms = t.get("prefill_ms_per_frame", t.get("api_ms_per_frame"))
+            vs = (f"text records {t['records_equal']:.1%}, audio {t['snr_db']:.1f} dB"
+                  if "records_equal" in t else "")
+            say(f"| {t['model']} | {t['backend']} | {t['prefill_s']:.2f} | {ms:.2f} | {vs} |")
     codec = [t for t in TIMINGS if "encode_ms" in t]
     if codec:
         say("\n## Codec per frame (float32)\n")
@@ -323,17 +470,40 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=100)
     ap.add_argument("--configs", default="tiny,codec,mid",
                     help="tiny and mid: the LM (random weights) in each precision; codec: the "
-                    "real-size Mimi")
+                    "real-size Mimi; demo: the built-in demo through the public API on the "
+                    "GPU and the CPU; 7b: the 7B's fp16 graphs from --skeleton")
+    ap.add_argument("--skeleton", default=str(Path(__file__).resolve().parents[1] / "build"
+                                              / "carry" / "7b-skeleton"),
+                    help="the 7B's fp16 skeleton (scripts/skeleton.py make)")
+    ap.add_argument("--precisions", default="",
+                    help="only these of tiny's and mid's models, as PRECISION-BACKEND "
+                    "(e.g. fp16-tensorrt,int4-onnx); default: every one")
     ap.add_argument("--cpu-only", action="store_true")
+    ap.add_argument("--simulate", action="store_true",
+                    help="the onnxruntime CUDA stages on tests/fake_gpu's simulated device, "
+                    "onnxruntime's CPU computing behind the CUDA sessions: checks this script "
+                    "here, says nothing of a GPU (TensorRT and the public API's GPU path skip)")
     ap.add_argument("--json")
     args = ap.parse_args()
     STAGES = Stages(Budget(args.budget_s), cpu_only=args.cpu_only)
+    global SIMULATED
+    SIMULATED = args.simulate
+    if SIMULATED:
+        import contextlib
+
+        from check_stages import simulated_cuda
+        from standin_engine import cuda_sessions
+
+        simulated_cuda()
+        stack = contextlib.ExitStack()  # held for the whole run
+        stack.enter_context(cuda_sessions(threads=2))
     work = Path(args.work)
     from bench_precision import config
 
-    say(f"# PersonaPlex-edge GPU check ({time.strftime('%Y-%m-%d %H:%M')})")
-    STAGES.run("environment", lambda: environment(STAGES.cpu_only))
-    if not STAGES.cpu_only:
+    say(f"# PersonaPlex-edge GPU check ({time.strftime('%Y-%m-%d %H:%M')})"
+        + (" - SIMULATED: no GPU" if SIMULATED else ""))
+    STAGES.run("environment", lambda: environment(STAGES.cpu_only or SIMULATED))
+    if not STAGES.cpu_only and not SIMULATED:
         import onnxruntime as ort
 
         from personaplex_edge.runtime.backends.cuda_runtime import gpu_available
@@ -349,6 +519,8 @@ def main() -> None:
             say(f"no usable GPU ({why}): GPU stages are skipped")
             STAGES.cpu_only = True
     try:
+        if SIMULATED:
+            raise ImportError("--simulate")
         import tensorrt  # noqa: F401
         have_trt = True
     except Exception as e:  # noqa: BLE001 - ImportError, or OSError from its libraries
@@ -370,6 +542,12 @@ def main() -> None:
         if name == "codec":
             codec_stages(root, have_trt)
             continue
+        if name == "demo":
+            demo_stages(60)
+            continue
+        if name == "7b":
+            full_size_stages(Path(args.skeleton), root, 20)
+            continue
         cfg = config(name)
         fp32 = STAGES.run(f"{name}: export float32 (random weights)",
                           lambda: export_fp32(cfg, root), need_s=60)
@@ -377,7 +555,10 @@ def main() -> None:
             continue
         user = np.random.default_rng(0).integers(0, cfg.audio_vocab_size,
                                                  (frames[name] + 5, 8)).astype(np.int64)
+        chosen = {p for p in args.precisions.split(",") if p}
         for precision, backend, engine_graphs in plans[name]:
+            if chosen and f"{precision}-{backend}" not in chosen:
+                continue
             label = f"{name} {precision}-{backend}"
             model = STAGES.run(f"{label}: convert",
                                lambda: convert(fp32, root, precision, backend),

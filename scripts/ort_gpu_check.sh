@@ -9,9 +9,11 @@
 #
 #   here:   bash scripts/ort_gpu_check.sh prepare     # the wheel for python 3.12, cut into
 #                                                     # build/carry/ort-gpu (scripts/carry.py);
-#                                                     # prints the calls below, piece by piece
+#                                                     # the 7B's fp16 skeleton (below); prints
+#                                                     # the calls below, piece by piece
 #   there, back to back (each `run` call carries the next piece, no kind named the same way):
-#           call 1: carry NAME.pieces.json + NAME.part-00,  command: bash scripts/ort_gpu_check.sh status
+#           call 1: carry NAME.pieces.json + NAME.part-00 + build/carry/7b-skeleton,
+#                   command: bash scripts/ort_gpu_check.sh status
 #           call k: carry NAME.part-(k-1),                  command: bash scripts/ort_gpu_check.sh status
 #           last:   carry the last piece,  timeout_s 560,   command: bash scripts/ort_gpu_check.sh run
 #   here:   bash scripts/ort_gpu_check.sh rehearse    # all of it on this machine: the wheel for
@@ -23,13 +25,24 @@
 # folder put first on PYTHONPATH (the image's CPU onnxruntime stays as it is: one module, two
 # builds, never installed side by side), imports torch first (its CUDA libraries then resolve
 # for onnxruntime's provider), checks that `import onnxruntime` is the carried build and has
-# its CUDA provider, then runs scripts/gpu_check.py (tiny and mid, every precision it converts; TensorRT is not there, so its
-# stages are skipped and say so) within the time left. The report goes to $OUT when set.
+# its CUDA provider, then runs scripts/gpu_check.py within the time left, most wanted first:
+#   demo  the built-in demo through the public API on the GPU and on the CPU (persona prefill,
+#         ms a frame, words and audio against the CPU over 60 frames)
+#   7b    the 7B's fp16 graphs (the GPU recipe) made again from the skeleton: ms a frame through
+#         OrtCudaGraph eager and replayed as CUDA graphs, the default persona's 82-frame prefill
+#   mid, tiny   fp32, fp16 and int4 graphs: tokens of ort-cuda against ort-cpu, ms a frame
+# (TensorRT is not there: its stages are skipped and say so). The report goes to $OUT when set.
+#
+# The skeleton: the 7B's graphs without their 15.7 GB of weights (scripts/skeleton.py), made
+# here from a full-size fp16 export; `prepare` makes it when ORT_GPU_7B names such a model
+# directory, e.g. from `python benchmarks/rehearsal.py --keep-exports` or by hand:
+#   personaplex-edge export --checkpoint CKPT --out DIR --precision fp16 --backend tensorrt --no-engines
 set -u
 cd "$(dirname "$0")/.."
 VERSION=${ORT_GPU_VERSION:-1.31.1}
 PY=${ORT_GPU_PYTHON:-3.12} # the device image's python (its KINDS.md: Python 3.12.3)
 PIECES=${ORT_GPU_PIECES:-build/carry/ort-gpu}
+SKELETON=${ORT_GPU_SKELETON:-build/carry/7b-skeleton}
 WORK=${ORT_GPU_WORK:-/tmp/ort-gpu}
 START=$(date +%s)
 say() { echo "[ort-gpu $(($(date +%s) - START))s] $*"; }
@@ -48,18 +61,26 @@ prepare() { # prepare PYTHON_VERSION: download and cut
             --platform manylinux_2_28_x86_64 -d build/carry/wheels "onnxruntime-gpu==$VERSION" ||
             return 1
     fi
-    # what else travels each call: the tracked and untracked files git does not ignore
-    local tree_mib piece_mib
+    if [ -n "${ORT_GPU_7B:-}" ]; then
+        python3 scripts/skeleton.py make "$ORT_GPU_7B" "$SKELETON" || return 1
+    elif [ ! -f "$SKELETON/skeleton.json" ]; then
+        say "no 7B skeleton at $SKELETON (set ORT_GPU_7B to a full-size fp16 export): the 7b stages will skip"
+    fi
+    # what else travels each call: the tracked and untracked files git does not ignore, and
+    # with the first piece the skeleton
+    local tree_mib skeleton_mib piece_mib
     tree_mib=$(git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb 2>/dev/null |
         tail -1 | awk '{printf "%.1f", $1 / 1048576}')
-    piece_mib=$(awk -v t="$tree_mib" 'BEGIN {printf "%.1f", 64 - t - 1}')
+    skeleton_mib=$(du -cb "$SKELETON" 2>/dev/null | tail -1 | awk '{printf "%.1f", $1 / 1048576}')
+    piece_mib=$(awk -v t="$tree_mib" -v k="${skeleton_mib:-0}" 'BEGIN {printf "%.1f", 64 - t - k - 1}')
     rm -rf "$PIECES"
     python3 scripts/carry.py split "build/carry/wheels/$name" "$PIECES" --piece-mib "$piece_mib"
-    say "the working tree is $tree_mib MiB: pieces of at most $piece_mib MiB"
+    say "the working tree is $tree_mib MiB, the skeleton ${skeleton_mib:-0} MiB: pieces of at most $piece_mib MiB"
     local n=0 part
     for part in "$PIECES/$name".part-*; do
         extra=""
         [ $n = 0 ] && extra="$PIECES/$name.pieces.json, "
+        [ $n = 0 ] && [ -d "$SKELETON" ] && extra="$extra$SKELETON, "
         echo "  call $((n + 1)): carry [$extra$part]"
         n=$((n + 1))
     done
@@ -98,7 +119,8 @@ assert "CUDAExecutionProvider" in ort.get_available_providers(), "a build withou
 PY
     local left=$((${ORT_GPU_SECONDS:-540} - ($(date +%s) - START) - 15))
     say "scripts/gpu_check.py with $left s left"
-    python3 scripts/gpu_check.py --configs tiny,mid --budget-s "$left" "$@"
+    python3 scripts/gpu_check.py --configs demo,7b,mid,tiny --skeleton "$SKELETON" \
+        --precisions fp16-tensorrt,int4-onnx,fp32-tensorrt --budget-s "$left" "$@"
 }
 
 case "${1:-}" in
@@ -130,8 +152,12 @@ rehearse)
         cp "$part" "$scratch/$PIECES/"
         (cd "$scratch" && ORT_GPU_PYTHON=$py bash scripts/ort_gpu_check.sh status | grep "pieces here")
     done
+    # the skeleton's way, on the demo's graphs (a full-size one would make 15.7 GB here):
+    # made, carried, filled and run on the simulated device, as the 7B is there
+    demo=$(python3 -c 'from personaplex_edge.model_ref import resolve_model; print(resolve_model("demo", print))' | tail -1)
+    python3 scripts/skeleton.py make "$demo" "$scratch/$SKELETON" --keep-bytes 1024 || exit 1
     cd "$scratch" && ORT_GPU_PYTHON=$py ORT_GPU_WORK=$scratch/work ORT_GPU_SECONDS=${ORT_GPU_SECONDS:-300} \
-        bash scripts/ort_gpu_check.sh run --cpu-only --configs tiny
+        bash scripts/ort_gpu_check.sh run --simulate --configs demo,7b,tiny
     ;;
 *)
     sed -n '2,30p' "$0"
