@@ -84,7 +84,8 @@ prepare() { # prepare PYTHON_VERSION: download and cut
         echo "  call $((n + 1)): carry [$extra$part]"
         n=$((n + 1))
     done
-    echo "  each call's command: bash scripts/ort_gpu_check.sh status; the last one's (timeout_s 560): bash scripts/ort_gpu_check.sh run"
+    echo "  each call's command: bash scripts/ort_gpu_check.sh status; the last one's: ORT_GPU_SECONDS=S bash scripts/ort_gpu_check.sh run,"
+    echo "  with S (at most 540) the device time left minus a minute for the reply, and timeout_s S + 20"
 }
 
 unpack() { # unpack PYTHON_VERSION: join the pieces and unpack the wheel into $WORK/site
