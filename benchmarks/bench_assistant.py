@@ -1,7 +1,8 @@
 """The assistant's sleep and wake on the demo model: LM steps while idle, wake latency, and what
 the user's first words cost.
 
-    python benchmarks/bench_assistant.py [--model DIR] [--trials N] [--json out.json]
+    python benchmarks/bench_assistant.py [--model DIR] [--trials N] [--vad webrtc|silero]
+                                         [--json out.json]
 
 The service's own step (runtime/assistant/idle.py, IdleGate) on a real conversation, fed 80 ms
 frames of a signal whose speech onsets are known to the sample:
@@ -40,14 +41,14 @@ def _model(path: str | None):
     return pe.load(path or "demo", device="cpu")
 
 
-def _gate(model, sleep_after: float, preroll_ms: int = 320, conv_wrapper=None):
+def _gate(model, sleep_after: float, vad: str, preroll_ms: int = 320, conv_wrapper=None):
     from personaplex_edge.runtime.assistant.idle import IdleGate, IdlePolicy
 
     conv = model.open_conversation()
     conv.prefill()
     events: list[dict] = []
     gate = IdleGate(conv_wrapper(conv) if conv_wrapper else conv, model.text,
-                    IdlePolicy.from_seconds(sleep_after, preroll_ms), events.append)
+                    IdlePolicy.from_seconds(sleep_after, preroll_ms, vad=vad), events.append)
     return gate, conv, events
 
 
@@ -68,8 +69,8 @@ def onset(x: np.ndarray) -> int:
     return int(np.argmax(np.abs(x) > 0.01 * np.abs(x).max()))
 
 
-def idle_steps(model) -> dict:
-    gate, conv, _ = _gate(model, sleep_after=60.0)
+def idle_steps(model, vad: str) -> dict:
+    gate, conv, _ = _gate(model, sleep_after=60.0, vad=vad)
     silence = np.zeros(FRAME, np.float32)
     ticks = []
     for _ in range(3 * 750):
@@ -83,10 +84,10 @@ def idle_steps(model) -> dict:
             "asleep_steps_per_min": (ticks[-1] - ticks[slept]) / minutes}
 
 
-def wake_trials(model, trials: int, seed: int = 0) -> list[dict]:
+def wake_trials(model, trials: int, vad: str, seed: int = 0) -> list[dict]:
     rng = np.random.default_rng(seed)
     speech = phrases()
-    gate, conv, events = _gate(model, sleep_after=1.0)
+    gate, conv, events = _gate(model, sleep_after=1.0, vad=vad)
     frames_fed = 0
     out = []
 
@@ -141,11 +142,12 @@ class _Slower:
         return getattr(self._conv, name)
 
 
-def paced(model, step_ms: float) -> dict:
+def paced(model, step_ms: float, vad: str) -> dict:
     from personaplex_edge.runtime.audio_io.paced_file import run_paced
 
     x = phrases()[0]
-    gate, conv, events = _gate(model, sleep_after=1.0, conv_wrapper=lambda c: _Slower(c, step_ms))
+    gate, conv, events = _gate(model, sleep_after=1.0, vad=vad,
+                               conv_wrapper=lambda c: _Slower(c, step_ms))
     signal = np.concatenate([np.zeros(int(2.0 * RATE), np.float32), x,
                              np.zeros(int(0.5 * RATE), np.float32)])
     _, loop = run_paced(gate, signal)
@@ -159,14 +161,17 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", help="model directory (default: the built-in demo)")
     p.add_argument("--trials", type=int, default=24)
+    p.add_argument("--vad", choices=("webrtc", "silero"), default="webrtc",
+                   help="the voice detector (the assistant's idle.vad)")
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args(argv)
     model = _model(args.model)
-    idle = idle_steps(model)
+    print(f"voice detector: {args.vad}")
+    idle = idle_steps(model, args.vad)
     print(f"idle: {idle['awake_steps_per_min']} LM steps in the awake minute, "
           f"{idle['asleep_steps_per_min']:g} per minute over {idle['asleep_minutes']:g} minutes "
           f"asleep (fell asleep at frame {idle['slept_at_frame']})")
-    trials = wake_trials(model, args.trials)
+    trials = wake_trials(model, args.trials, args.vad)
     woke = [t for t in trials if t["woke"]]
     lat = np.array([t["latency_frames"] for t in woke])
     cut = np.array([t["first_words_cut_ms"] for t in woke])
@@ -174,13 +179,14 @@ def main(argv=None) -> int:
           f"first LM step: median {np.median(lat):.2f} frames ({np.median(lat) * 80:.0f} ms), "
           f"max {lat.max():.2f} frames ({lat.max() * 80:.0f} ms); first words before the "
           f"pre-roll: median {np.median(cut):.0f} ms, max {cut.max():.0f} ms")
-    rows = [paced(model, ms) for ms in (5, 40, 70)]
+    rows = [paced(model, ms, args.vad) for ms in (5, 40, 70)]
     for r in rows:
         print(f"paced, {r['step_ms']:g} ms per LM step: woke {r['woke']}, "
               f"{r['dropped_frames']} input frame(s) dropped while the "
               f"{r['preroll_frames']}-frame pre-roll was stepped")
     if args.json:
-        Path(args.json).write_text(json.dumps({"model": str(model.model_dir), "idle": idle,
+        Path(args.json).write_text(json.dumps({"model": str(model.model_dir), "vad": args.vad,
+                                               "idle": idle,
                                                "wake": trials, "paced": rows}, indent=1))
     model.close()
     return 0

@@ -1,7 +1,7 @@
-"""The assistant's voice detector (runtime/assistant/vad.py, webrtcvad) on the sounds of a room:
-speech, silence, music and the model's own echo.
+"""The assistant's voice detectors (runtime/assistant/vad.py: webrtcvad, and silero through
+onnxruntime) on the sounds of a room: speech, silence, music and the model's own echo.
 
-    python benchmarks/bench_vad.py [--json out.json]
+    python benchmarks/bench_vad.py [--engine webrtc|silero|both] [--json out.json]
 
 Signals (24 kHz, 80 ms frames, as the service hears them):
     speech   espeak-ng phrases in four voices (Debian's espeak-ng; skipped where absent) and the
@@ -12,13 +12,16 @@ Signals (24 kHz, 80 ms frames, as the service hears them):
              numpy piano-like melody with a noise-burst drum
     echo     the model's answer as an open speaker's microphone hears it (bench_aec's synthetic
              room), raw and after the runtime's echo canceller
-Figures per configuration (aggressiveness, voiced 20 ms blocks per frame):
+Figures per configuration (webrtc: aggressiveness / voiced 20 ms blocks per frame; silero:
+the threshold a 32 ms chunk's score must reach):
     speech recall   voiced frames of speech called speech
     onset frames    frames from each phrase's first voiced frame to the first frame called speech
     false wakes/min on non-speech, after 2 s of listening: frames called speech after one that
                     was not (each would wake a sleeping model with idle.wake_frames = 1)
     called speech % the share of those frames called speech (for the echo: how much of the
                     model's own voice the detector takes for a user)
+    start wakes     whether its first second, after a second of silence, has a frame called
+                    speech: a sudden start (music's first attack) waking a sleeping model
 """
 
 from __future__ import annotations
@@ -156,56 +159,76 @@ def echo_signals() -> dict[str, np.ndarray]:
     return out
 
 
-def calls(x: np.ndarray, aggressiveness: int, voiced: int) -> np.ndarray:
-    from personaplex_edge.runtime.assistant.vad import VoiceDetector
+def calls(x: np.ndarray, config: dict) -> np.ndarray:
+    """[frames] bool: a new detector of `config` (the assistant's idle.* keys) over `x`."""
+    from personaplex_edge.runtime.assistant.vad import voice_detector
 
-    vad = VoiceDetector(aggressiveness, voiced)
+    vad = voice_detector(**config)
     n = x.size // FRAME
     return np.array([vad.speech(x[i * FRAME:(i + 1) * FRAME]) for i in range(n)], bool)
 
 
-def figures(aggressiveness: int, voiced: int, speech: dict, other: dict) -> dict:
+def figures(config: dict, speech: dict, other: dict) -> dict:
     recall, onsets = [], []
     for x in speech.values():
-        said, truth = calls(x, aggressiveness, voiced), voiced_frames(x)
+        said, truth = calls(x, config), voiced_frames(x)
         recall.append(float(said[truth].mean()))
         first_true = int(np.argmax(truth))
         hits = np.nonzero(said[first_true:])[0]
         onsets.append(int(hits[0]) if hits.size else None)
-    wakes, share = {}, {}
+    wakes, share, starts = {}, {}, {}
+    silence = np.zeros(RATE, np.float32)
     for name, x in other.items():
+        # its first second after a second of silence: does the start alone wake a sleeper?
+        starts[name] = bool(calls(np.concatenate([silence, x[:RATE]]), config)[
+            RATE // FRAME:].any())
         # a detector that has listened for a while (the service's always has): the first
         # WARMUP_FRAMES, in which webrtcvad learns the noise floor, are not counted
-        said = calls(x, aggressiveness, voiced)
+        said = calls(x, config)
         judged = said[WARMUP_FRAMES - 1:]
         rises = int(np.sum(judged[1:] & ~judged[:-1]))
         wakes[name] = round(60.0 * rises / ((judged.size - 1) * FRAME / RATE), 1)
         share[name] = round(100.0 * float(judged[1:].mean()), 1)
-    return {"aggressiveness": aggressiveness, "voiced_subframes": voiced,
-            "speech_recall": round(float(np.mean(recall)), 3),
-            "onset_frames": onsets, "false_wakes_per_min": wakes, "called_speech_pct": share}
+    return {**config, "speech_recall": round(float(np.mean(recall)), 3),
+            "onset_frames": onsets, "false_wakes_per_min": wakes, "called_speech_pct": share,
+            "start_wakes": starts}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--json", help="write the figures here")
+    p.add_argument("--engine", choices=("webrtc", "silero", "both"), default="both",
+                   help="which detector (silero needs `pip install --no-deps silero-vad`)")
     args = p.parse_args(argv)
     speech = speech_signals()
     other = {**non_speech_signals(), **echo_signals()}
     if len(speech) == 1:
         print("(espeak-ng is not installed: the bundled sample alone is the speech)")
-    rows = [figures(a, v, speech, other) for a in (1, 2, 3) for v in (1, 2, 3)]
+    configs = []
+    if args.engine in ("webrtc", "both"):
+        configs += [{"engine": "webrtc", "aggressiveness": a, "voiced_subframes": v}
+                    for a in (1, 2, 3) for v in (1, 2, 3)]
+    if args.engine in ("silero", "both"):
+        configs += [{"engine": "silero", "threshold": t} for t in (0.5, 0.7, 0.8)]
+    rows = [figures(c, speech, other) for c in configs]
     names = list(other)
     print(f"{len(speech)} speech signals, {len(other)} others\n")
-    print(f"{'mode':>4} {'voiced':>6} {'recall':>7} {'onset (frames)':>16}  false wakes per "
+    print(f"{'detector':>16} {'recall':>7} {'onset (frames)':>16}  false wakes per "
           "minute (% of frames called speech)")
-    print(" " * 37 + " | ".join(f"{i}" for i in range(len(names))))
+    print(" " * 42 + " | ".join(f"{i}" for i in range(len(names))))
     for r in rows:
         onset = [o for o in r["onset_frames"] if o is not None]
-        print(f"{r['aggressiveness']:>4} {r['voiced_subframes']:>6} {r['speech_recall']:>7.2f} "
+        label = (f"webrtc {r['aggressiveness']}/{r['voiced_subframes']}"
+                 if r["engine"] == "webrtc" else f"silero {r['threshold']:g}")
+        print(f"{label:>16} {r['speech_recall']:>7.2f} "
               f"{'max ' + str(max(onset)) if onset else '-':>16}  "
               + " | ".join(f"{r['false_wakes_per_min'][n]:g} ({r['called_speech_pct'][n]:g}%)"
                            for n in names))
+    print("\nits start out of a second of silence called speech (a sleeping model woken):")
+    for r in rows:
+        label = (f"webrtc {r['aggressiveness']}/{r['voiced_subframes']}"
+                 if r["engine"] == "webrtc" else f"silero {r['threshold']:g}")
+        print(f"{label:>16} " + " | ".join("yes" if r["start_wakes"][n] else "no" for n in names))
     for i, n in enumerate(names):
         print(f"  {i}: {n}")
     if args.json:

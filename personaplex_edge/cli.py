@@ -607,7 +607,8 @@ def build_parser() -> argparse.ArgumentParser:
     from .runtime.assistant.entry import FLAGS
 
     kinds = {"--device": {"choices": ["auto", "cpu", "cuda"]}, "--threads": {"type": int},
-             "--seed": {"type": int}, "--sleep-after": {"type": float}}
+             "--seed": {"type": int}, "--sleep-after": {"type": float},
+             "--vad": {"choices": ["webrtc", "silero"]}}
     for key, flag in FLAGS.values():  # each overrides one key of the file (docs/assistant.md)
         s.add_argument(flag, default=None, help=f"sets {key}", **kinds.get(flag, {}))
     s.add_argument("--aec", choices=["on", "off"], default=None, help="sets audio.aec")

@@ -63,4 +63,8 @@ python -m pip install -q -e ".[cpu,export,dev,audio,serve,assistant]"
 # The test reference. It pins torch<2.10, so it goes in without its dependencies (the light
 # ones are in the dev extra).
 python -m pip install -q --no-deps "moshi==0.2.13"
+# The assistant's second voice detector reads silero's ONNX model from this wheel (its own
+# code imports torch, so no extra can name it): without its dependencies, as docs/assistant.md
+# tells users.
+python -m pip install -q --no-deps "silero-vad==6.2.3"
 echo "installed into .venv: $(python -c 'import torch, onnxruntime; print("torch", torch.__version__, "onnxruntime", onnxruntime.__version__)')"

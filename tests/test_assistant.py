@@ -13,6 +13,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -56,6 +57,8 @@ def test_no_file_at_the_default_path_means_the_defaults(tmp_path, monkeypatch):
     ("[idle]\nsleep_after = \"soon\"\n", "idle.sleep_after: expected a number"),
     ("[idle]\nsleep_afterr = 3\n", "unknown key 'idle.sleep_afterr'"),
     ("[idle]\nvad_aggressiveness = 5\n", "idle.vad_aggressiveness: expected an integer from 0"),
+    ("[idle]\nvad = \"loud\"\n", "idle.vad: expected one of 'webrtc', 'silero'"),
+    ("[idle]\nvad_threshold = 1.5\n", "idle.vad_threshold: expected a number from 0 to 1"),
     ("[audio]\naec = \"yes\"\n", "audio.aec: expected true or false"),
     ("model = \n", "not valid TOML"),
 ])
@@ -115,13 +118,26 @@ def test_the_installed_unit_passes_systemd_analyze_verify(tmp_path):
 
 
 # -- the voice detector ---------------------------------------------------------------------------
-def test_the_voice_detector_hears_speech_and_not_silence_or_hum():
+def _silero_or_skip():
+    from personaplex_edge.errors import PersonaPlexError
+    from personaplex_edge.runtime.assistant.silero import silero_model_path
+
+    try:
+        return silero_model_path()
+    except PersonaPlexError as e:  # scripts/install.sh installs it; a bare venv may not
+        pytest.skip(str(e))
+
+
+@pytest.mark.parametrize("engine", ["webrtc", "silero"])
+def test_the_voice_detector_hears_speech_and_not_silence_or_hum(engine):
     import personaplex_edge as pe
-    from personaplex_edge.runtime.assistant.vad import VoiceDetector
+    from personaplex_edge.runtime.assistant.vad import voice_detector
     from personaplex_edge.runtime.bench import bundled_speech
 
+    if engine == "silero":
+        _silero_or_skip()
     speech = pe.read_audio(bundled_speech())
-    vad = VoiceDetector()
+    vad = voice_detector(engine)
 
     def rate(signal):
         n = signal.shape[0] // 1920
@@ -133,6 +149,104 @@ def test_the_voice_detector_hears_speech_and_not_silence_or_hum():
     hum = (0.3 * np.sin(2 * np.pi * 50 * t)).astype(np.float32)  # mains hum
     rate(hum[:24000])  # its first second: the detector learns the noise floor
     assert rate(hum[24000:]) == 0.0
+
+
+def test_silero_tells_music_from_speech():
+    """webrtcvad calls 92-100 % of music frames a voice (benchmarks/bench_vad.py): silero is
+    the option for a room with music in it. Music here: a piano-like melody with a drum."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_vad import _piano
+
+    import personaplex_edge as pe
+    from personaplex_edge.runtime.assistant.vad import voice_detector
+    from personaplex_edge.runtime.bench import bundled_speech
+
+    _silero_or_skip()
+    music = _piano(8.0, np.random.default_rng(0))
+    speech = pe.read_audio(bundled_speech())
+
+    def rate(engine, signal):
+        vad = voice_detector(engine)
+        n = signal.shape[0] // 1920
+        return np.mean([vad.speech(signal[i * 1920:(i + 1) * 1920]) for i in range(n)])
+
+    assert rate("silero", music) < 0.05 and rate("silero", speech) > 0.7
+    assert rate("webrtc", music) > 0.5  # what the option is for
+
+
+def test_the_16_khz_path_of_silero_keeps_speech_band_and_drops_aliases():
+    """24 -> 16 kHz frame by frame (its filter's history carried): a tone below 6 kHz comes
+    out as the ideal 16 kHz samples of the same tone, delayed by the filter's 47.5 samples at
+    48 kHz; a tone above the new Nyquist (8 kHz) is gone, not folded back."""
+    from personaplex_edge.runtime.assistant.silero import ThirdsDown
+
+    t = np.arange(24000 * 4) / 24000  # 50 frames
+    for f, min_snr in ((300, 60), (1000, 60), (5000, 50)):
+        down = ThirdsDown(1920)
+        x = (0.5 * np.sin(2 * np.pi * f * t)).astype(np.float32)
+        y = np.concatenate([down(x[i * 1920:(i + 1) * 1920]).copy() for i in range(50)])
+        m = np.arange(y.size)
+        ideal = 0.5 * np.sin(2 * np.pi * f * (m / 16000 - 47.5 / 48000))
+        err = y[200:] - ideal[200:]
+        assert 10 * np.log10(np.mean(ideal[200:] ** 2) / np.mean(err ** 2)) > min_snr, f
+    down = ThirdsDown(1920)
+    x = (0.5 * np.sin(2 * np.pi * 10000 * t)).astype(np.float32)
+    y = np.concatenate([down(x[i * 1920:(i + 1) * 1920]).copy() for i in range(50)])
+    assert np.sqrt(np.mean(y[200:] ** 2)) < 1e-3
+
+
+def test_a_silero_config_without_its_model_names_the_install(tmp_path):
+    from personaplex_edge.errors import PersonaPlexError
+    from personaplex_edge.runtime.assistant.vad import voice_detector
+
+    with pytest.raises(PersonaPlexError, match="does not exist"):
+        voice_detector("silero", silero_model=str(tmp_path / "none.onnx"))
+    with pytest.raises(PersonaPlexError, match="unknown voice detector"):
+        voice_detector("loud")
+
+
+def test_a_gate_on_silero_sleeps_while_music_plays_and_wakes_on_speech(demo_model):
+    """idle.vad = "silero" reaches the gate. Music's onset out of silence may wake the model
+    (silero scores a sudden attack up to ~0.67), but music playing does not keep it awake: it
+    falls asleep again and the rest of the music steps the LM not once. Speech then wakes it
+    within two frames of silero first hearing it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_vad import _piano
+
+    import personaplex_edge as pe
+    from personaplex_edge.runtime.assistant.idle import IdleGate, IdlePolicy
+    from personaplex_edge.runtime.bench import bundled_speech
+
+    _silero_or_skip()
+    conv = demo_model.open_conversation()
+    conv.prefill()
+    events = []
+    gate = IdleGate(conv, demo_model.text,
+                    IdlePolicy(sleep_after_frames=5, preroll_frames=2, vad="silero"),
+                    events.append)
+    ticks = lambda: conv.group.metrics.frames  # noqa: E731
+    for _ in range(30):
+        gate(np.zeros(1920, np.float32))
+    assert gate.asleep
+    music = _piano(16.0, np.random.default_rng(1))
+    frames = music.size // 1920
+    for i in range(frames // 2):
+        gate(music[i * 1920:(i + 1) * 1920])
+    assert gate.asleep
+    steady = ticks()
+    for i in range(frames // 2, frames):  # 8 s more of it
+        gate(music[i * 1920:(i + 1) * 1920])
+    assert gate.asleep and ticks() == steady
+    speech = pe.read_audio(bundled_speech())
+    seen = len(events)
+    for i in range(40):
+        gate(speech[i * 1920:(i + 1) * 1920])
+        if not gate.asleep:
+            break
+    wake = [e for e in events[seen:] if e["event"] == "wake"]
+    assert len(wake) == 1 and wake[0]["latency_frames"] <= 2
+    assert ticks() == steady + 2  # the pre-roll, at the waking frame
+    conv.close()
 
 
 def test_the_gate_sleeps_steps_nothing_and_wakes_over_its_preroll(demo_model):
@@ -150,7 +264,8 @@ def test_the_gate_sleeps_steps_nothing_and_wakes_over_its_preroll(demo_model):
     conv.prefill()
     gate = IdleGate(conv, demo_model.text, IdlePolicy(sleep_after_frames=10, preroll_frames=4),
                     events.append)
-    ticks = lambda: conv.group.metrics.frames  # noqa: E731
+    ticks = lambda: conv.group.metrics.frames  # noqa: E731 - the group's, shared: from here
+    before = ticks()
     silence = np.zeros(1920, np.float32)
     fed = 0
     while not gate.asleep and fed < 20:
@@ -159,7 +274,7 @@ def test_the_gate_sleeps_steps_nothing_and_wakes_over_its_preroll(demo_model):
     # 10 frames after the last voice (the demo's first answer has a click the detector hears)
     assert 10 <= fed <= 11 and events[-1]["event"] == "conversation"
     awake_ticks = ticks()
-    assert awake_ticks == fed
+    assert awake_ticks - before == fed
     for _ in range(20):
         assert not gate(silence).any()  # silence played
     gate.muted = True

@@ -90,6 +90,13 @@ def _range(lo: int, hi: int) -> Check:
     return check
 
 
+def _fraction(v):
+    _number()(v)
+    if not 0 <= v <= 1:
+        raise ValueError("expected a number from 0 to 1")
+    return v
+
+
 @dataclass(frozen=True)
 class Key:
     check: Check
@@ -117,8 +124,12 @@ KEYS: dict[str, Key] = {
     "audio.max_backlog_frames": Key(_number(0, integer=True), 2, "input frames that may wait"),
     "audio.retry_seconds": Key(_number(0.1), 1.0, "how often a lost device is looked for"),
     "idle.sleep_after": Key(_number(0), 60.0, "seconds without speech before sleeping; 0 never"),
+    "idle.vad": Key(_choice("webrtc", "silero"), "webrtc",
+                    "the voice detector (silero: pip install --no-deps silero-vad)"),
     "idle.vad_aggressiveness": Key(_range(0, 3), 3, "webrtcvad's mode (3: least false speech)"),
     "idle.voiced_subframes": Key(_range(1, 4), 2, "20 ms parts of a frame that must be voiced"),
+    "idle.vad_threshold": Key(_fraction, 0.5, "silero's score that is speech (0 to 1)"),
+    "idle.silero_model": Key(_optional(_text), None, "silero_vad.onnx (default: the package's)"),
     "idle.wake_frames": Key(_range(1, 10), 1, "speech frames in a row that wake the model"),
     "idle.preroll_ms": Key(_number(0, integer=True), 320, "audio before the wake the model hears"),
     "control.socket": Key(_optional(_text), "", "the control socket's path ('': the default)"),

@@ -15,6 +15,7 @@ FLAGS = {
     "input_device": ("audio.input_device", "--input-device"),
     "output_device": ("audio.output_device", "--output-device"),
     "sleep_after": ("idle.sleep_after", "--sleep-after"),
+    "vad": ("idle.vad", "--vad"),
     "socket": ("control.socket", "--socket"),
 }
 

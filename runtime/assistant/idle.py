@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from ..persona import Persona
-from .vad import VoiceDetector
+from .vad import voice_detector
 
 if TYPE_CHECKING:
     from ..conversation import Conversation
@@ -48,8 +48,11 @@ class IdlePolicy:
     sleep_after_frames: int = 750  # 60 s; 0: never sleep
     wake_frames: int = 1  # speech frames in a row that wake the model
     preroll_frames: int = 4  # frames before the wake the model hears (the wake's included)
-    aggressiveness: int = 3
+    aggressiveness: int = 3  # webrtc's
     voiced_subframes: int = 2
+    vad: str = "webrtc"  # or "silero"
+    vad_threshold: float = 0.5  # silero's
+    silero_model: str | None = None
 
     @classmethod
     def from_seconds(cls, sleep_after: float, preroll_ms: int, frame_ms: float = 80.0,
@@ -107,10 +110,10 @@ class IdleGate:
         self.policy = policy
         self.emit = emit
         self.stats = IdleStats()
-        self.user_vad = VoiceDetector(policy.aggressiveness, policy.voiced_subframes,
-                                      sample_rate, frame_size)
-        self.model_vad = VoiceDetector(policy.aggressiveness, policy.voiced_subframes,
-                                       sample_rate, frame_size)
+        self.user_vad, self.model_vad = (
+            voice_detector(policy.vad, policy.aggressiveness, policy.voiced_subframes,
+                           policy.vad_threshold, policy.silero_model, sample_rate, frame_size)
+            for _ in range(2))
         self._preroll = _Preroll(policy.preroll_frames, frame_size)
         self._silence_in = np.zeros(frame_size, np.float32)
         self._silence_out = np.zeros(frame_size, np.float32)

@@ -42,7 +42,9 @@ def _policy(cfg: AssistantConfig) -> IdlePolicy:
     return IdlePolicy.from_seconds(cfg["idle.sleep_after"], cfg["idle.preroll_ms"],
                                    wake_frames=cfg["idle.wake_frames"],
                                    aggressiveness=cfg["idle.vad_aggressiveness"],
-                                   voiced_subframes=cfg["idle.voiced_subframes"])
+                                   voiced_subframes=cfg["idle.voiced_subframes"],
+                                   vad=cfg["idle.vad"], vad_threshold=cfg["idle.vad_threshold"],
+                                   silero_model=cfg["idle.silero_model"])
 
 
 class Assistant:

@@ -1,4 +1,6 @@
-"""Is there a voice in this 80 ms frame? WebRTC's voice activity detector, torch-free, on the CPU.
+"""Is there a voice in this 80 ms frame? WebRTC's voice activity detector, torch-free, on the CPU
+(the default), or silero's (silero.py: better against music, a model file to install);
+`voice_detector` makes the one the config names.
 
 webrtcvad (the `webrtcvad-wheels` package: wheels for x86-64 and aarch64, no model file) judges
 10/20/30 ms blocks at 8/16/32/48 kHz. A 24 kHz frame is doubled to 48 kHz by repeating each
@@ -63,3 +65,20 @@ class VoiceDetector:
 
     def speech(self, frame: np.ndarray) -> bool:
         return self.voiced_blocks(frame) >= self.voiced_subframes
+
+
+ENGINES = ("webrtc", "silero")
+
+
+def voice_detector(engine: str = "webrtc", aggressiveness: int = 3, voiced_subframes: int = 2,
+                   threshold: float = 0.5, silero_model: str | None = None, rate: int = 24000,
+                   frame_size: int = 1920):
+    """The detector the assistant's idle.* keys name: webrtc (aggressiveness, voiced
+    subframes) or silero (threshold, model file); each has `speech(frame) -> bool`."""
+    if engine == "silero":
+        from .silero import SileroDetector
+
+        return SileroDetector(threshold, silero_model, rate, frame_size)
+    if engine != "webrtc":
+        raise PersonaPlexError(f"unknown voice detector {engine!r}; use {' or '.join(ENGINES)}")
+    return VoiceDetector(aggressiveness, voiced_subframes, rate, frame_size)
