@@ -4,7 +4,11 @@ inputs, over the same frames and at the same tolerance. `personaplex-edge verify
 
 The export checks the language model's graphs in float32, before converting them to a lower
 precision; a graph stored in another precision (or with a narrower KV ring) cannot be held to
-that tolerance, so it is said to be left to its hash and signature, not compared.
+that tolerance. Its weights are compared instead: the graph traced again without them, laid
+out in its precision, and every stored weight spot-checked against what the checkpoint makes
+through the same conversion (three output channels each: a wrong tensor, row, offset or
+conversion shows). A layout this version does not write (another block size, names traced by
+another torch) is said and left to the hashes.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from personaplex_edge.findings import Finding
 from personaplex_edge.manifest import Manifest
 
 from .hub import resolve_checkpoint
-from .lm import check_lm_graph, full_check_fits, lm_jobs, open_lm_header, spot_check_weights
+from .lm import (check_lm_graph, converted_weights_check, full_check_fits, lm_jobs,
+                 open_lm_header, spot_check_weights)
 from .mimi import load_mimi
 from .model_export import check_codec_graph, codec_steps
 
@@ -36,6 +41,25 @@ def _compared(check: str, target: str, run) -> Finding:
     worst = max(figures.values(), default=0.0)
     return Finding(check, target, True, f"{record['how']}, {record['calls']} calls, largest "
                    f"difference {worst:.3g}", record)
+
+
+def _converted(job, entry, path: Path, backend: str, kv: list[str], header, cfg,
+               progress: Progress) -> Finding:
+    """A graph stored in a lower precision: its weights against the checkpoint's."""
+    from .precision_plan import plan_for
+
+    plan = plan_for(entry.precision, backend, kv[0] if kv else None)
+    progress(f"spot-checking {entry.file}'s {entry.precision} weights against the checkpoint")
+    finding = _compared("weights", job[0], lambda: converted_weights_check(
+        job, path, plan, header, cfg))
+    if finding.ok and finding.measured and finding.measured.get("compared") is False:
+        return Finding("weights", job[0], True, finding.measured["detail"] + "; its hash and "
+                       "signature are checked", finding.measured)
+    if finding.ok:
+        rows = finding.measured["weight_rows_compared"]
+        return Finding("weights", job[0], True, f"{rows} weight rows of its {entry.precision} "
+                       "weights equal what the checkpoint makes", finding.measured)
+    return finding
 
 
 def against_checkpoint(model_dir: str | Path, manifest: Manifest, checkpoint: str,
@@ -66,9 +90,8 @@ def against_checkpoint(model_dir: str | Path, manifest: Manifest, checkpoint: st
         path = model_dir / entry.file
         kv = sorted({r.dtype for r in entry.rings})
         if entry.precision != "fp32" or kv not in ([], ["float32"]):
-            out.append(Finding("torch", name, True, f"not compared: stored in {entry.precision} "
-                               f"(KV {', '.join(kv) or '-'}), converted after the export's "
-                               "float32 check; its hash and signature are checked"))
+            out.append(_converted(job, entry, path, manifest.backend, kv, header, cfg,
+                                  progress))
             continue
         fits, need, have = full_check_fits(job)
         if fits:

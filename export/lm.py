@@ -624,13 +624,50 @@ def export_lm_graphs_frugal(cfg: PersonaPlexConfig, checkpoint_path: str | Path,
     return entries
 
 
-def _check_only(job, header: SafetensorsHeader, out_dir: Path, cfg: PersonaPlexConfig) -> dict:
-    """The in-memory check of a graph that is not written (the one-layer probe): traced
-    weightless into `out_dir`, run fed from memory beside its torch module."""
-
-    name, owner, fn, specs, outputs, plans, streamed = job
+def trace_weightless(job, cfg: PersonaPlexConfig, out_dir: Path) -> Path:
+    """The graph of `job` traced into `out_dir` with its parameters as inputs (small: no
+    weights), as the export traces it first."""
+    name, owner, fn, specs, outputs = job[:5]
     path = out_dir / f"{name}.onnx"
     trace_step(owner, lambda *args: (fn(*args[:-1]), {}), trace_inputs(specs, cfg), outputs, [],
                path, weightless=True,
                dynamic_axes=frames_axes(cfg) if name == HELIUM_STEP else None)
-    return check_lm_graph(path, job, header, cfg, weights=made(checkpoint_sources(plans, header)))
+    return path
+
+
+def _check_only(job, header: SafetensorsHeader, out_dir: Path, cfg: PersonaPlexConfig) -> dict:
+    """The in-memory check of a graph that is not written (the one-layer probe): traced
+    weightless into `out_dir`, run fed from memory beside its torch module."""
+    path = trace_weightless(job, cfg, out_dir)
+    return check_lm_graph(path, job, header, cfg,
+                          weights=made(checkpoint_sources(job[5], header)))
+
+
+def converted_weights_check(job, path: Path, plan: PrecisionPlan, header: SafetensorsHeader,
+                            cfg: PersonaPlexConfig) -> dict:
+    """A graph stored in `plan`'s precision (an export's, or convert_model_dir's) against the
+    checkpoint: the graph traced again without its weights, its weights laid out by `plan`
+    (nothing made yet) and, where that is the stored layout, every stored weight spot-checked
+    against what the checkpoint makes through the same conversion (spot_check_weights).
+    Returns a record with "compared": False and the reason where the layouts differ (another
+    block size than this version writes, or a torch that traces other names); raises
+    ExportMismatch where a weight differs."""
+    name, plans = job[0], job[5]
+    stored = {t.name: (t.data_type, list(t.dims))
+              for t in onnx.load(str(path), load_external_data=False).graph.initializer}
+    with tempfile.TemporaryDirectory(prefix=f".trace_{name}") as tmp:
+        trace = onnx.load(str(trace_weightless(job, cfg, Path(tmp))))
+    rings = _ring_names(name, cfg)
+    unmade = {key: (lambda: None) for key in checkpoint_sources(plans, header)}
+    layout = final_graph(trace, path, unmade, plan, rings)
+    want = {n: (layout.inits[n].data_type, list(layout.inits[n].dims)) for n in layout.lazy}
+    differ = sorted(n for n in want if stored.get(n) != want[n])
+    if differ:
+        return {"how": "weight spot check", "calls": 0, "compared": False,
+                "detail": f"not compared: {len(differ)} of its {len(want)} weights are not "
+                f"laid out as this version writes {plan.precision} (e.g. {differ[0]}: stored "
+                f"{stored.get(differ[0])}, made {want[differ[0]]})"}
+    rows = spot_check_weights(path, plans, header, build=lambda sources: final_graph(
+        trace, path, sources, plan, rings))
+    return {"how": f"weight spot check in {plan.precision}", "calls": 0,
+            "weight_rows_compared": rows}
