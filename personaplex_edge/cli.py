@@ -289,13 +289,6 @@ def cmd_mic(args) -> int:
     return 0
 
 
-def cmd_assistant(args) -> int:
-    """The assistant as a service (runtime/assistant, docs/assistant.md)."""
-    from .runtime.assistant.entry import run
-
-    return run(args)
-
-
 def cmd_batch(args) -> int:
     """Many recordings, unpaced, in lockstep (runtime/batch): the answers beside them or under
     --output, a summary, exit 1 when any item failed."""
@@ -599,25 +592,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "off for a headset)")
     m.set_defaults(func=cmd_mic)
 
-    s = sub.add_parser("assistant", help="the --mic loop as a service: config file, devices "
-                                         "that come and go, sleep when idle, systemd, a "
-                                         "control socket (docs/assistant.md)")
-    s.add_argument("--config", help="TOML file (default: $XDG_CONFIG_HOME/personaplex-edge/"
-                                    "assistant.toml); the flags below override it")
-    from .runtime.assistant.entry import FLAGS
+    from .runtime.assistant.entry import add_parser as add_assistant_parser
 
-    kinds = {"--device": {"choices": ["auto", "cpu", "cuda"]}, "--threads": {"type": int},
-             "--seed": {"type": int}, "--sleep-after": {"type": float},
-             "--vad": {"choices": ["webrtc", "silero"]}}
-    for key, flag in FLAGS.values():  # each overrides one key of the file (docs/assistant.md)
-        s.add_argument(flag, default=None, help=f"sets {key}", **kinds.get(flag, {}))
-    s.add_argument("--aec", choices=["on", "off"], default=None, help="sets audio.aec")
-    s.add_argument("--no-socket", action="store_true", help="no control socket")
-    s.add_argument("--install-unit", action="store_true",
-                   help="write the systemd user unit running this command (with these flags)")
-    s.add_argument("--unit-dir", type=Path, help="where --install-unit writes (default: "
-                                                 "~/.config/systemd/user)")
-    s.set_defaults(func=cmd_assistant)
+    add_assistant_parser(sub)
 
     a = sub.add_parser("aec", help="the live echo canceller, offline: a microphone recording "
                                    "minus the echo of what was played")

@@ -20,6 +20,7 @@ from personaplex_edge.errors import ConfigError
 
 from ..persona import DEFAULT_TEXT_PROMPT, Persona
 from ..sampling import SamplingParams
+from .vad import ENGINES
 
 
 def _toml():
@@ -124,7 +125,7 @@ KEYS: dict[str, Key] = {
     "audio.max_backlog_frames": Key(_number(0, integer=True), 2, "input frames that may wait"),
     "audio.retry_seconds": Key(_number(0.1), 1.0, "how often a lost device is looked for"),
     "idle.sleep_after": Key(_number(0), 60.0, "seconds without speech before sleeping; 0 never"),
-    "idle.vad": Key(_choice("webrtc", "silero"), "webrtc",
+    "idle.vad": Key(_choice(*ENGINES), "webrtc",
                     "the voice detector (silero: pip install --no-deps silero-vad)"),
     "idle.vad_aggressiveness": Key(_range(0, 3), 3, "webrtcvad's mode (3: least false speech)"),
     "idle.voiced_subframes": Key(_range(1, 4), 2, "20 ms parts of a frame that must be voiced"),

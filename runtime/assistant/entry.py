@@ -1,8 +1,12 @@
-"""From the command line to the service: flags over the config file, --install-unit."""
+"""From the command line to the service: the `assistant` command's flags over the config
+file, --install-unit."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from .config import load_config
+from .vad import ENGINES
 
 # argparse dest -> the config key it overrides, and the flag that names it in an error
 FLAGS = {
@@ -20,6 +24,30 @@ FLAGS = {
 }
 
 
+# argparse's type or choices of the flags that take more than text
+KINDS = {"--device": {"choices": ["auto", "cpu", "cuda"]}, "--threads": {"type": int},
+         "--seed": {"type": int}, "--sleep-after": {"type": float},
+         "--vad": {"choices": list(ENGINES)}}
+
+
+def add_parser(sub) -> None:
+    """`personaplex-edge assistant` on the CLI's subparsers (personaplex_edge/cli.py)."""
+    s = sub.add_parser("assistant", help="the --mic loop as a service: config file, devices "
+                                         "that come and go, sleep when idle, systemd, a "
+                                         "control socket (docs/assistant.md)")
+    s.add_argument("--config", help="TOML file (default: $XDG_CONFIG_HOME/personaplex-edge/"
+                                    "assistant.toml); the flags below override it")
+    for key, flag in FLAGS.values():  # each overrides one key of the file (docs/assistant.md)
+        s.add_argument(flag, default=None, help=f"sets {key}", **KINDS.get(flag, {}))
+    s.add_argument("--aec", choices=["on", "off"], default=None, help="sets audio.aec")
+    s.add_argument("--no-socket", action="store_true", help="no control socket")
+    s.add_argument("--install-unit", action="store_true",
+                   help="write the systemd user unit running this command (with these flags)")
+    s.add_argument("--unit-dir", type=Path, help="where --install-unit writes (default: "
+                                                 "~/.config/systemd/user)")
+    s.set_defaults(func=run)
+
+
 def overrides(args) -> dict:
     """The keys the flags given set: key -> (flag, value)."""
     found = {key: (flag, getattr(args, dest)) for dest, (key, flag) in FLAGS.items()
@@ -33,8 +61,6 @@ def overrides(args) -> dict:
 
 def unit_args(args) -> list[str]:
     """The flags the unit's ExecStart repeats: the config file (absolute) and the overrides."""
-    from pathlib import Path
-
     out = ["--config", str(Path(args.config).expanduser().resolve())] if args.config else []
     for dest, (_, flag) in FLAGS.items():
         if getattr(args, dest) is not None:
@@ -47,6 +73,7 @@ def unit_args(args) -> list[str]:
 
 
 def run(args) -> int:
+    """The assistant as a service (docs/assistant.md), or its unit written."""
     if args.install_unit:
         from .unit import UNIT_NAME, install_unit
 
