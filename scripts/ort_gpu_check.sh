@@ -34,8 +34,12 @@
 # (TensorRT is not there: its stages are skipped and say so). The report goes to $OUT when set.
 #
 # The skeleton: the 7B's graphs without their 15.7 GB of weights (scripts/skeleton.py), made
-# here from a full-size fp16 export; `prepare` makes it when ORT_GPU_7B names such a model
-# directory, e.g. from `python benchmarks/rehearsal.py --keep-exports` or by hand:
+# here from a full-size fp16 export:
+#   here:   bash scripts/ort_gpu_check.sh skeleton    # a random 7B checkpoint in the published
+#                                                     # layout, its fp16 GPU graphs, their
+#                                                     # skeleton; the rest deleted (~5 min here,
+#                                                     # ~33 GB of disk meanwhile)
+# or `prepare` with ORT_GPU_7B naming an fp16 export made by
 #   personaplex-edge export --checkpoint CKPT --out DIR --precision fp16 --backend tensorrt --no-engines
 set -u
 cd "$(dirname "$0")/.."
@@ -64,7 +68,7 @@ prepare() { # prepare PYTHON_VERSION: download and cut
     if [ -n "${ORT_GPU_7B:-}" ]; then
         python3 scripts/skeleton.py make "$ORT_GPU_7B" "$SKELETON" || return 1
     elif [ ! -f "$SKELETON/skeleton.json" ]; then
-        say "no 7B skeleton at $SKELETON (set ORT_GPU_7B to a full-size fp16 export): the 7b stages will skip"
+        say "no 7B skeleton at $SKELETON (bash scripts/ort_gpu_check.sh skeleton makes one): the 7b stages will skip"
     fi
     # what else travels each call: the tracked and untracked files git does not ignore, and
     # with the first piece the skeleton
@@ -124,7 +128,28 @@ PY
         --precisions fp16-tensorrt,int4-onnx,fp32-tensorrt --budget-s "$left" "$@"
 }
 
+skeleton() ( # the 7B's fp16 skeleton from nothing, in a scratch directory deleted after
+    scratch=${ORT_GPU_SCRATCH:-build/carry/7b-scratch}
+    rm -rf "$scratch" && mkdir -p "$scratch"
+    trap 'rm -rf "$scratch"' EXIT
+    say "writing a random PersonaPlex-7B checkpoint in the published layout (16.7 GB)"
+    NO_TORCH_COMPILE=1 python3 -c "
+import sys
+from personaplex_edge.config import PersonaPlexConfig
+from personaplex_edge.export.synthetic import write_synthetic_checkpoint
+write_synthetic_checkpoint(PersonaPlexConfig(), sys.argv[1], streamed=True)" "$scratch/ckpt" || return 1
+    say "exporting its fp16 GPU graphs (graphs only)"
+    NO_TORCH_COMPILE=1 python3 -m personaplex_edge.cli export --checkpoint "$scratch/ckpt" \
+        --out "$scratch/fp16" --precision fp16 --backend tensorrt --no-engines || return 1
+    python3 scripts/skeleton.py make "$scratch/fp16" "$SKELETON" || return 1
+    say "skeleton in $SKELETON"
+)
+
 case "${1:-}" in
+skeleton)
+    [ -x .venv/bin/python3 ] && PATH=$PWD/.venv/bin:$PATH
+    skeleton
+    ;;
 prepare)
     prepare "$PY"
     ;;
@@ -161,7 +186,7 @@ rehearse)
         bash scripts/ort_gpu_check.sh run --simulate --configs demo,7b,tiny
     ;;
 *)
-    sed -n '2,30p' "$0"
+    sed -n '2,/^set -u/p' "$0" | sed '$d'  # the header
     exit 2
     ;;
 esac
