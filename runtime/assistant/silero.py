@@ -63,8 +63,10 @@ class ThirdsDown:
         cutoff = 7200 / 48000  # cycles per 48 kHz sample: below 8 kHz, the new Nyquist
         h = 2 * cutoff * np.sinc(2 * cutoff * k) * np.kaiser(n, 8.0)
         h *= 2 / h.sum()  # the zeros stuffed in halve the level: a gain of 2 restores it
-        # phase p of output 2q + p reads input (3q + p) - i with tap h[2i + p]
-        self._phases = np.stack([h[0::2], h[1::2]]).astype(np.float32)  # [2, TAPS]
+        # phase p of output 2q + p reads input (3q + p) - i with tap h[2i + p]; reversed, so
+        # that a window (oldest sample first) meets its taps in order
+        self._taps = np.ascontiguousarray(np.stack([h[0::2], h[1::2]])[:, ::-1],
+                                          np.float32)  # [2, TAPS]
         self._x = np.zeros(TAPS + frame_size, np.float32)  # [history + frame]
         self._windows = np.lib.stride_tricks.sliding_window_view(self._x, TAPS)  # a view
         # window w covers buffer w .. w + TAPS - 1; output 2q + p ends at input 3q + p of the
@@ -74,7 +76,6 @@ class ThirdsDown:
         self.out = np.zeros(2 * frame_size // 3, np.float32)  # [frame at 16 kHz]
         self._even = self.out[0::2]
         self._odd = self.out[1::2]
-        self._reversed = np.ascontiguousarray(self._phases[:, ::-1])
 
     def __call__(self, frame: np.ndarray) -> np.ndarray:
         """frame [frame_size] at 24 kHz -> `out` [2/3 of it] at 16 kHz (valid until the next
@@ -82,8 +83,8 @@ class ThirdsDown:
         x = self._x
         x[:TAPS] = x[-TAPS:]
         x[TAPS:] = frame
-        np.matmul(self._rows[0], self._reversed[0], out=self._even)
-        np.matmul(self._rows[1], self._reversed[1], out=self._odd)
+        np.matmul(self._rows[0], self._taps[0], out=self._even)
+        np.matmul(self._rows[1], self._taps[1], out=self._odd)
         return self.out
 
 
