@@ -231,3 +231,38 @@ def test_gpu_check_sh_runs_the_offline_stages_without_a_network(bundle, tmp_path
     assert [r["stage"] for r in report["stages"]] == ["plumbing", "arith-fp16"]
     assert all(r["status"] == "ok" for r in report["stages"])
     assert "virtual environment" not in proc.stdout  # nothing installed
+
+
+def test_the_onnxruntime_gpu_check_runs_its_7b_stages_on_the_simulated_device(
+        demo_model_dir, tmp_path):
+    """scripts/ort_gpu_check.sh's measurements of the 7B (gpu_check.py --configs 7b) on a
+    skeleton of the demo, simulated (stand-in CUDA sessions computing on the CPU): the weights
+    made again, OrtCudaGraph eager with the persona's prefill on the same loaded weights, then
+    replayed as CUDA graphs with the eager run's tokens; the JSON report has each figure. Says
+    nothing of a GPU: it keeps the prepared check from rotting until one is lent."""
+    import subprocess
+
+    import skeleton
+
+    skel = skeleton.make(demo_model_dir, tmp_path / "skeleton", ["helium_step", "depformer_step"],
+                         keep_bytes=1024)
+    report = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, str(SCRIPTS / "gpu_check.py"), "--simulate",
+                           "--configs", "7b", "--skeleton", str(skel), "--work",
+                           str(tmp_path / "work"), "--json", str(report)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(report.read_text())
+    stages = {s["stage"]: s for s in result["stages"]}
+    assert "SIMULATED" in done.stdout
+    made = [s for name, s in stages.items() if "made again" in name]
+    eager = [s for name, s in stages.items() if name.endswith("ort-cuda, then the persona's "
+                                                              "prefill")]
+    graph = [s for name, s in stages.items() if name.endswith("ort-cuda-graph")]
+    assert [len(made), len(eager), len(graph)] == [1, 1, 1], list(stages)
+    assert all(s["status"] == "ok" for s in (*made, *eager, *graph)), stages
+    rows = {t["backend"]: t for t in result["timings"] if "total_ms" in t}
+    assert rows["ort-cuda-graph"]["against"] == "ort-cuda"
+    assert rows["ort-cuda-graph"]["agreement"]["frames"] == 1.0
+    prefill = [t for t in result["timings"] if "prefill_s" in t]
+    assert len(prefill) == 1 and prefill[0]["prefill_frames"] == 82
