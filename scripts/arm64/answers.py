@@ -3,7 +3,8 @@ each answer is written as NAME.pcm16 (the answer's samples, little-endian int16)
 (what the model said). compare.py sets two such directories side by side.
 
     python scripts/arm64/answers.py local OUT [OGG]  run (greedy, seeded), stdio, the Python API,
-                                                     the server's Opus (OGG: a stream to decode)
+                                                     the server's Opus (OGG: a stream to decode),
+                                                     the assistant's voice detectors
     python scripts/arm64/answers.py serve URL OUT  /api/chat and /v1/realtime against a server
 
 `local` needs only the board's install (no torch, no test tools) and the built-in demo model
@@ -100,6 +101,30 @@ def ask_opus(out: Path, stream: Path | None) -> None:
         save(out, name, pcm16_bytes(np.concatenate(OpusDecoder(24000, FRAME).feed(ogg))))
 
 
+def ask_vad(out: Path) -> None:
+    """The assistant's voice detectors on the bundled speech, then music (bench_vad's piano and
+    drum): each frame's call as text ("1" a voice, "0" none); the samples each judged (webrtc:
+    the frame as its int16 blocks; silero: the frame taken to 16 kHz by the runtime's filter)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from bench_vad import _piano
+
+    from personaplex_edge.audio import pcm16_bytes, read_audio
+    from personaplex_edge.runtime.assistant.silero import ThirdsDown
+    from personaplex_edge.runtime.assistant.vad import voice_detector
+
+    signal = np.concatenate([read_audio(HELLO, 24000), _piano(6.0, np.random.default_rng(0))])
+    frames = [signal[i:i + FRAME] for i in range(0, signal.shape[0] - FRAME + 1, FRAME)]
+    for engine in ("webrtc", "silero"):
+        vad = voice_detector(engine)
+        calls = "".join("1" if vad.speech(f) else "0" for f in frames)
+        if engine == "silero":
+            down = ThirdsDown(FRAME)
+            heard = np.concatenate([down(f).copy() for f in frames])
+        else:
+            heard = signal[:len(frames) * FRAME]
+        save(out, f"vad-{engine}", pcm16_bytes(heard), calls)
+
+
 def ask_serve(url: str, out: Path) -> None:
     """One client of each protocol, at the pace of real time, until every answer frame came."""
     sys.path.insert(0, str(REPO / "benchmarks"))
@@ -127,6 +152,7 @@ def main(argv: list[str]) -> None:
         ask_stdio(out)
         ask_api(out)
         ask_opus(out, Path(argv[2]) if len(argv) == 3 else None)
+        ask_vad(out)
     elif argv[:1] == ["serve"] and len(argv) == 3:
         out = Path(argv[2])
         out.mkdir(parents=True, exist_ok=True)

@@ -13,8 +13,9 @@
 #      install lines of docs/jetson.md's board block run there as written: no torch.
 #   4. The built-in demo model exported here (x86-64, torch) into a cache, then copied into the
 #      root's per-user cache, as docs/jetson.md says to move one to a board.
-#   5. The same questions on both sides: `run` (greedy and seeded), `stdio`, the Python API,
-#      and `serve` with one client of each protocol (/api/chat, /v1/realtime) sent from here.
+#   5. The same questions on both sides: `run` (greedy and seeded), `stdio`, the Python API, the
+#      assistant's voice detectors, and `serve` with one client of each protocol (/api/chat,
+#      /v1/realtime) sent from here.
 #      compare.py: text identical, PCM16 within 1 LSB (the Opus of /api/chat: see compare.py).
 #
 # Mounts (/proc, /dev) live in a private mount namespace of each chroot command (unshare -m):
@@ -140,10 +141,10 @@ mkdir -p "$ROOT/root/.cache/personaplex-edge/models"
 cp -r "$WORK/x86-cache/models/demo" "$ROOT/root/.cache/personaplex-edge/models/demo"
 
 # -- 5. the same questions on both sides -------------------------------------------------------
-say "x86-64: run, stdio, the Python API, Opus"
+say "x86-64: run, stdio, the Python API, Opus, the voice detectors"
 PERSONAPLEX_CACHE=$WORK/x86-cache "$HOST_PY" scripts/arm64/answers.py local "$WORK/x86" \
     2>"$WORK/local-x86.log" || { tail -20 "$WORK/local-x86.log"; die "x86-64 answers"; }
-say "arm64: run, stdio, the Python API, Opus (decoding the x86 stream)"
+say "arm64: run, stdio, the Python API, Opus (decoding the x86 stream), the voice detectors"
 rm -rf "$ROOT/tmp/answers"
 mkdir -p "$ROOT/tmp/answers"
 cp "$WORK/x86/opus-encode.ogg" "$ROOT/tmp/answers/x86.ogg"
