@@ -88,10 +88,12 @@ def _regions(graph_path: Path, data_dir: Path, kept, kept_at: int,
 
 
 def _as_float32(raw: np.ndarray, dtype: str) -> np.ndarray:
+    from personaplex_edge.voices import bf16_bits_to_float32
+
     if dtype == "float16":
         return raw.view(np.float16).astype(np.float32)
     if dtype == "bfloat16":
-        return (raw.astype(np.uint32) << 16).view(np.float32)
+        return bf16_bits_to_float32(raw)
     return raw
 
 
@@ -156,8 +158,9 @@ class Pools:
                 self.made.pop(next(iter(self.made)))
             values = self.normals * np.float32(std) + np.float32(mean)
             if dtype == "bfloat16":
-                bits = values.view(np.uint32)
-                stored = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+                from personaplex_edge.export.random_lm import float32_to_bf16_bits
+
+                stored = float32_to_bf16_bits(values)  # numpy only: no torch there
             else:
                 stored = values.astype(FLOATS[dtype])
             self.made[key] = stored.view(np.uint8)
