@@ -334,6 +334,18 @@ def environment(cpu_only: bool) -> str:
     return "; ".join(parts)
 
 
+def _table(title: str, head: list[str], rows: list[list[str]]) -> None:
+    """A markdown table under `title` (nothing where there are no rows); the first two columns
+    are names, the rest figures."""
+    if not rows:
+        return
+    say(f"\n## {title}\n")
+    say("| " + " | ".join(head) + " |")
+    say("| --- | --- |" + " ---: |" * (len(head) - 2))
+    for row in rows:
+        say("| " + " | ".join(row) + " |")
+
+
 def report(bytes_mid: dict[str, int]) -> None:
     from bench_precision import split
 
@@ -357,25 +369,18 @@ def report(bytes_mid: dict[str, int]) -> None:
             f"{fmt(t['depformer_ms'])} | {t['total_ms']:.2f} | {t['p90_ms']:.2f} | "
             + (f"{a['text']:.1%} | {a['audio']:.1%} |" if a else "(reference) | |")
             + (f" (vs {t['against']})" if a and t.get("against") != "ort-cpu" else ""))
-    prefill = [t for t in TIMINGS if "prefill_s" in t]
-    if prefill:
-        say("\n## Persona prefill, and the demo through the public API\n")
-        say("| model | backend | prefill s | ms a frame | against the CPU |")
-        say("| --- | --- | ---: | ---: | --- |")
-        for t in prefill:
-            ms = t.get("prefill_ms_per_frame", t.get("api_ms_per_frame"))
-            vs = (f"text records {t['records_equal']:.1%}, audio {t['snr_db']:.1f} dB"
-                  if "records_equal" in t else "")
-            say(f"| {t['model']} | {t['backend']} | {t['prefill_s']:.2f} | {ms:.2f} | {vs} |")
-    codec = [t for t in TIMINGS if "encode_ms" in t]
-    if codec:
-        say("\n## Codec per frame (float32)\n")
-        say("| model | backend | encode ms | decode ms | codes equal to ort-cpu |")
-        say("| --- | --- | ---: | ---: | ---: |")
-        for t in codec:
-            eq = f"{t['codes_equal']:.1%}" if "codes_equal" in t else "(reference)"
-            say(f"| {t['model']} | {t['backend']} | {t['encode_ms']:.2f} | {t['decode_ms']:.2f} "
-                f"| {eq} |")
+    _table("Persona prefill, and the demo through the public API",
+           ["model", "backend", "prefill s", "ms a frame", "against the CPU"],
+           [[t["model"], t["backend"], f"{t['prefill_s']:.2f}",
+             f"{t.get('prefill_ms_per_frame', t.get('api_ms_per_frame')):.2f}",
+             f"text records {t['records_equal']:.1%}, audio {t['snr_db']:.1f} dB"
+             if "records_equal" in t else ""]
+            for t in TIMINGS if "prefill_s" in t])
+    _table("Codec per frame (float32)",
+           ["model", "backend", "encode ms", "decode ms", "codes equal to ort-cpu"],
+           [[t["model"], t["backend"], f"{t['encode_ms']:.2f}", f"{t['decode_ms']:.2f}",
+             f"{t['codes_equal']:.1%}" if "codes_equal" in t else "(reference)"]
+            for t in TIMINGS if "encode_ms" in t])
     say("\n## Full 7B: bytes per frame and bandwidth floor (estimate, not measured)\n")
     cfg = PersonaPlexConfig()
     say("| precision | GB/frame | " + " | ".join(f"{d} ms" for d in DEVICES) + " |")
