@@ -161,7 +161,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", help="model directory (default: the built-in demo)")
     p.add_argument("--trials", type=int, default=24)
-    p.add_argument("--vad", choices=("webrtc", "silero"), default="webrtc",
+    from personaplex_edge.runtime.assistant.vad import ENGINES
+
+    p.add_argument("--vad", choices=ENGINES, default="webrtc",
                    help="the voice detector (the assistant's idle.vad)")
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args(argv)

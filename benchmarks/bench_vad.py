@@ -194,6 +194,13 @@ def figures(config: dict, speech: dict, other: dict) -> dict:
             "start_wakes": starts}
 
 
+def label(row: dict) -> str:
+    """A configuration's name in the tables: webrtc MODE/VOICED, or silero THRESHOLD."""
+    if row["engine"] == "webrtc":
+        return f"webrtc {row['aggressiveness']}/{row['voiced_subframes']}"
+    return f"silero {row['threshold']:g}"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--json", help="write the figures here")
@@ -218,17 +225,14 @@ def main(argv=None) -> int:
     print(" " * 42 + " | ".join(f"{i}" for i in range(len(names))))
     for r in rows:
         onset = [o for o in r["onset_frames"] if o is not None]
-        label = (f"webrtc {r['aggressiveness']}/{r['voiced_subframes']}"
-                 if r["engine"] == "webrtc" else f"silero {r['threshold']:g}")
-        print(f"{label:>16} {r['speech_recall']:>7.2f} "
+        print(f"{label(r):>16} {r['speech_recall']:>7.2f} "
               f"{'max ' + str(max(onset)) if onset else '-':>16}  "
               + " | ".join(f"{r['false_wakes_per_min'][n]:g} ({r['called_speech_pct'][n]:g}%)"
                            for n in names))
     print("\nits start out of a second of silence called speech (a sleeping model woken):")
     for r in rows:
-        label = (f"webrtc {r['aggressiveness']}/{r['voiced_subframes']}"
-                 if r["engine"] == "webrtc" else f"silero {r['threshold']:g}")
-        print(f"{label:>16} " + " | ".join("yes" if r["start_wakes"][n] else "no" for n in names))
+        print(f"{label(r):>16} " + " | ".join("yes" if r["start_wakes"][n] else "no"
+                                               for n in names))
     for i, n in enumerate(names):
         print(f"  {i}: {n}")
     if args.json:

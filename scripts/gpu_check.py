@@ -245,7 +245,7 @@ def demo_stages(frames: int) -> None:
 
     def one(device: str) -> str:
         runs[device] = r = api_conversation(model, device, pcm)
-        runs_on = ", ".join(r["runs_on"]) if isinstance(r["runs_on"], list) else r["runs_on"]
+        runs_on = ", ".join(r["runs_on"])  # Model.runs_on: one entry per engine in use
         row = {"model": "demo (API)", "backend": runs_on, "prefill_s": r["prefill_s"],
                "api_ms_per_frame": r["ms_per_frame"]}
         line = (f"{runs_on}: persona prefill {r['prefill_s']:.2f} s, "

@@ -116,11 +116,6 @@ class SileroDetector:
         self.last_voiced = 0
         self.last_score = 0.0  # the newest chunk's probability of speech
 
-    def reset(self) -> None:
-        self._feeds["state"][...] = 0
-        self._input[...] = 0
-        self._count = 0
-
     def voiced_blocks(self, frame: np.ndarray) -> int:
         """How many chunks completed by `frame` score a voice."""
         pcm = self._down(frame)
