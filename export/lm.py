@@ -49,7 +49,7 @@ from .frugal import SafetensorsHeader, Segment, WeightPlan
 from .helium import Helium
 from .lm_weights import (checkpoint_sources, final_graph, made, read_parameter, spot_check,
                          stored_build, write_graph)
-from .onnx_export import export_step, trace_step, verify_step
+from .onnx_export import CHECK_ATOL, export_step, trace_step, verify_step
 from .precision_plan import PrecisionPlan
 from .sampling import DEFAULT_K_MAX
 
@@ -519,7 +519,7 @@ def _export_graph(job, header: SafetensorsHeader, out_dir: Path, cfg: PersonaPle
 
 
 def check_lm_graph(path: Path, job, header: SafetensorsHeader, cfg: PersonaPlexConfig,
-                   atol: float | None = 1e-4,
+                   atol: float | None = CHECK_ATOL,
                    weights: dict[str, np.ndarray] | None = None) -> dict:
     """The check of an LM graph against the torch module of `job` (lm_jobs): run in
     onnxruntime beside it, live (1 frame) and as a prefill (3 frames), on the seeded example

@@ -26,7 +26,7 @@ from personaplex_edge.manifest import (GraphEntry, Manifest, TensorSpec, load_mo
 
 from .hub import CheckpointFiles
 from .mimi import Mimi, load_mimi
-from .onnx_export import export_step, verify_step
+from .onnx_export import CHECK_ATOL, export_step, verify_step
 from .precision_plan import PrecisionPlan, check_plans
 from .streaming import rings_as_io
 
@@ -56,8 +56,8 @@ def codec_steps(mimi: Mimi, batch: int):
                state, rings)
 
 
-def check_codec_graph(path: Path, fn, inputs, outputs, state, atol: float | None = 1e-4
-                      ) -> dict:
+def check_codec_graph(path: Path, fn, inputs, outputs, state,
+                      atol: float | None = CHECK_ATOL) -> dict:
     """The export's check of a codec graph against its torch module (see codec_steps); the
     record of what it measured (GraphEntry.check)."""
     measured = verify_step(path, fn, {s.name: t.numpy() for s, t in inputs}, outputs, state,

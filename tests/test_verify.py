@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from personaplex_edge.cli import main
+from personaplex_edge.export.onnx_export import CHECK_ATOL
 from personaplex_edge.manifest import MANIFEST, load_model_dir, sha256_file
 
 
@@ -48,11 +49,16 @@ def test_a_good_export_passes_and_the_checkpoint_check_measures_what_the_export_
         at_export = entry.check  # recorded by the export, against the same torch modules
         assert at_export["how"] == "full" and set(at_export["outputs"]) == {
             t.name for t in entry.outputs} | {r.output_name for r in entry.rings}
-        measured = found[("torch", name)]["measured"]["outputs"]
+        record = found[("torch", name)]["measured"]
+        measured = record["outputs"]
+        # the same check as the export's: the same outputs over the same number of calls, each
+        # within the bound both apply. The figures themselves are rounding noise (a few
+        # float32 ulps, ~5e-7) whose last bits depend on the path onnxruntime takes on a given
+        # CPU: comparing them to each other would only test the CPU.
+        assert (record["how"], record["calls"]) == (at_export["how"], at_export["calls"])
         assert measured.keys() == at_export["outputs"].keys()
-        np.testing.assert_allclose(list(measured.values()), list(at_export["outputs"].values()),
-                                   rtol=1e-3, atol=1e-9)
-        assert max(measured.values()) <= 1e-4
+        assert max(measured.values()) <= CHECK_ATOL
+        assert max(at_export["outputs"].values()) <= CHECK_ATOL
     assert capsys.readouterr().out.rstrip().endswith(f"{tiny}: verified")
 
 
