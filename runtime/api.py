@@ -335,6 +335,12 @@ class Conversation:
         """
         return self.core.heard_events()
 
+    def end_turn(self) -> None:
+        """Tells the conversation the user's turn is over (your own voice detector, a
+        push-to-talk button): the "turn" event follows once the last words are written
+        (about half a second). Without VAD heads this is how turns end early."""
+        self.core.end_turn()
+
     @property
     def on_heard(self) -> Callable[[Heard], None] | None:
         """A callback for each event of `heard_events()` instead: it runs on the thread that

@@ -199,6 +199,14 @@ class Conversation:
         """Whether the model has a transcriber: the user's words are heard."""
         return self.group.transcriber is not None
 
+    def end_turn(self) -> None:
+        """The user's turn is over (the app's own voice detector, a push-to-talk button): its
+        "turn" event comes once the transcriber has written its last words (heard.py)."""
+        self.check_open()
+        with self.group.lock:
+            if self.group.transcriber is not None:
+                self.group.transcriber.streams[self.row].close_turn()
+
     def heard_events(self) -> list[Heard]:
         """What the user said since the last call (when no on_heard takes it): pieces, timed
         words, turn ends (runtime/heard.py)."""

@@ -43,6 +43,11 @@ class Heard:
     frame: int  # the live frame whose step made the event (0 = the first)
     item: int  # the turn it belongs to: 1, 2, ...
 
+    def to_dict(self) -> dict:
+        """The event as the wires send it (JSON): its frame as `step`, times in ms precision."""
+        return {"event": self.kind, "text": self.text, "item": self.item, "step": self.frame,
+                "start": round(self.start, 3), "end": round(self.end, 3)}
+
 
 class HeardStream:
     """One conversation's tokens -> Heard events (module docstring). `piece(token)` is the
@@ -110,6 +115,12 @@ class HeardStream:
             else:
                 self._ending -= 1
         return out
+
+    def close_turn(self) -> None:
+        """The user's turn is over, as the app knows it (its own voice detector, a button): it
+        ends once the delay's frames are written, as a VAD-detected end does."""
+        if self._ending is None and (self._words or self._pieces):
+            self._ending = self.flush_frames
 
     def end_turn(self) -> list[Heard]:
         """Ends the turn now (its last word with it): the "turn" event, or nothing when no
