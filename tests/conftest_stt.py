@@ -108,3 +108,12 @@ def plain_model_dir() -> Path:
     out = b.workdir / "model_plain"
     export_model(resolve_checkpoint(str(b.checkpoint)), out, progress=lambda s: None)
     return out
+
+
+def serve_options(model_dir: Path):
+    """`serve` on a small model: no persona (its context is short), every frame kept."""
+    from personaplex_edge.runtime.persona import Persona
+    from personaplex_edge.runtime.serve import ServeOptions
+
+    return ServeOptions(model_dir, port=0, persona=Persona(enabled=False),
+                        max_backlog=100_000, max_ahead_s=None)

@@ -20,7 +20,7 @@ pytest.importorskip("aiohttp")
 openai = pytest.importorskip("openai")
 
 from bench_serve import ServerThread  # noqa: E402
-from conftest_stt import FRAMES, stt_bundle, stt_model_dir  # noqa: E402
+from conftest_stt import FRAMES, serve_options, stt_bundle, stt_model_dir  # noqa: E402
 from pydantic import TypeAdapter  # noqa: E402
 
 from personaplex_edge.audio import pcm16_bytes  # noqa: E402
@@ -49,14 +49,9 @@ def heard():
     return events, pcm16
 
 
-def _options(model_dir):
-    return ServeOptions(model_dir, port=0, persona=Persona(enabled=False),
-                        max_backlog=100_000, max_ahead_s=None)
-
-
 @pytest.fixture(scope="module")
 def server():
-    with ServerThread(_options(stt_model_dir())) as srv:
+    with ServerThread(serve_options(stt_model_dir())) as srv:
         yield srv
 
 
