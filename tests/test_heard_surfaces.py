@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import struct
 import subprocess
@@ -30,6 +31,11 @@ from personaplex_edge.runtime.serve import ServeOptions  # noqa: E402
 
 @pytest.fixture(scope="module")
 def heard():
+    return api_heard()
+
+
+@functools.lru_cache(maxsize=None)
+def api_heard():
     """What the Python API hears of the bundle's audio: (events, the PCM16 sent on wires)."""
     import personaplex_edge as pe
 

@@ -210,3 +210,55 @@ def plain_stt_copy(b, config):
         shutil.copytree(b.stt_checkpoint, root)
         (root / "config.json").write_text(json.dumps({**config, "context": 30}))
     return root
+
+
+def test_lockstep_rows_each_hear_their_own_audio(tmp_path):
+    """A model exported with --batch 2: two conversations stepped together (the second joining
+    five frames late, so rows are held too), each row's transcriber tokens those of its own
+    audio - the first row's moshi's own, the second's what a batch-1 model hears."""
+    from personaplex_edge.export.hub import resolve_checkpoint
+    from personaplex_edge.export.model_export import export_model
+    from personaplex_edge.export.transcriber import resolve_transcriber
+    from personaplex_edge.runtime.api import Model
+    from personaplex_edge.runtime.conversation import step_many
+    from personaplex_edge.runtime.persona import Persona
+
+    b = stt_bundle()
+    out = tmp_path / "model_b2"
+    export_model(resolve_checkpoint(str(b.checkpoint)), out, batch=2, progress=lambda s: None,
+                 transcriber=resolve_transcriber(str(b.stt_checkpoint), lambda s: None))
+    other = b.pcm[::-1].copy()  # the other user: the same sounds, backwards
+
+    def frame(pcm, i):
+        return pcm[i * 1920:(i + 1) * 1920]
+
+    single = Model.load(stt_model_dir(), device="cpu")
+    try:
+        conv = single.open_conversation(persona=Persona(enabled=False))
+        conv.prefill()
+        alone = []
+        for i in range(FRAMES - 5):
+            conv.step(frame(other, i))
+            alone.append(conv.heard_token)
+        conv.close()
+    finally:
+        single.close()
+    model = Model.load(out, device="cpu")
+    try:
+        first, second = (model.open_conversation(persona=Persona(enabled=False))
+                         for _ in range(2))
+        assert first.group is second.group and {first.row, second.row} == {0, 1}
+        first.prefill()
+        second.prefill()
+        heard = {first: [], second: []}
+        for i in range(FRAMES):
+            frames = {first: frame(b.pcm, i)}
+            if i >= 5:
+                frames[second] = frame(other, i - 5)
+            step_many(frames)
+            for conv in frames:
+                heard[conv].append(conv.heard_token)
+    finally:
+        model.close()
+    np.testing.assert_array_equal(heard[first], b.reference["text"])
+    assert heard[second] == alone
