@@ -28,8 +28,8 @@ import operator
 import sys
 
 import numpy as np
+from announcer import FRAME, RATE, Microphone, Silence, Speaker, WavFile  # its audio ends
 
-RATE, FRAME = 24000, 1920  # the model's rate, and one 80 ms frame
 SYSTEM = ("You answer a person in a spoken conversation. Reply in one or two short sentences "
           "that read well aloud; write numbers as words. Use the tools for facts you lack.")
 MAX_TOOL_ROUNDS = 4  # chat calls per turn: an LLM that keeps calling tools is cut off
@@ -108,67 +108,25 @@ class Brain:
         return ""
 
 
-# ---- the user's audio and the model's -----------------------------------------------------------
-class WavSource:
+# ---- the user's audio (the microphone, silence, the speaker and a wav: announcer.py's) ----------
+class WavSource(Silence):
     """A wav file at the microphone's pace, then silence."""
 
     def __init__(self, path: str):
         import soundfile as sf
 
+        super().__init__()
         pcm, rate = sf.read(path, dtype="float32", always_2d=True)
         if rate != RATE:
             raise SystemExit(f"{path}: {rate} Hz; the model takes {RATE} Hz")
         self.pcm, self.at = pcm.mean(axis=1), 0
-        self.next = asyncio.get_running_loop().time()
 
     async def frame(self) -> np.ndarray:
-        self.next += FRAME / RATE
-        await asyncio.sleep(max(0.0, self.next - asyncio.get_running_loop().time()))
-        out = np.zeros(FRAME, np.float32)
+        out = await super().frame()  # silence, when its time comes
         part = self.pcm[self.at:self.at + FRAME]
         out[:part.shape[0]] = part
         self.at += FRAME
         return out
-
-
-class Microphone:
-    def __init__(self):
-        import sounddevice as sd
-
-        self.frames: asyncio.Queue = asyncio.Queue()
-        loop = asyncio.get_running_loop()
-        self.stream = sd.InputStream(
-            samplerate=RATE, channels=1, dtype="float32", blocksize=FRAME,
-            callback=lambda data, *_: loop.call_soon_threadsafe(self.frames.put_nowait,
-                                                               data[:, 0].copy()))
-        self.stream.start()
-
-    async def frame(self) -> np.ndarray:
-        return await self.frames.get()
-
-
-class Output:
-    """The model's audio: to the speaker, or kept for a wav (--save)."""
-
-    def __init__(self, save: str | None):
-        self.save, self.parts, self.stream = save, [], None
-        if save is None:
-            import sounddevice as sd
-
-            self.stream = sd.OutputStream(samplerate=RATE, channels=1, dtype="int16")
-            self.stream.start()
-
-    def play(self, pcm16: bytes) -> None:
-        if self.stream is not None:
-            self.stream.write(np.frombuffer(pcm16, "<i2"))
-        else:
-            self.parts.append(pcm16)
-
-    def close(self) -> None:
-        if self.save:
-            import soundfile as sf
-
-            sf.write(self.save, np.frombuffer(b"".join(self.parts), "<i2"), RATE)
 
 
 # ---- over /v1/realtime (a running serve) ----------------------------------------------------------
@@ -176,7 +134,7 @@ async def over_realtime(args, brain: Brain) -> None:
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(api_key=args.token or "none", base_url=args.url.rstrip("/") + "/v1")
-    output = Output(args.save)
+    output = WavFile(args.save) if args.save else Speaker()
     async with client.realtime.connect(model="personaplex") as conn:
         await conn.session.update(session={"type": "realtime", "audio": {
             "input": {"transcription": {"model": "the model's transcriber"}}}})
@@ -208,7 +166,7 @@ async def over_realtime(args, brain: Brain) -> None:
                     await conn.response.create()
 
         async def speak():  # the user's side: one frame every 80 ms
-            source = (WavSource(args.input) if args.input else _Silence() if args.silence
+            source = (WavSource(args.input) if args.input else Silence() if args.silence
                       else Microphone())
             sent = 0
             while args.seconds is None or sent < round(args.seconds * RATE / FRAME):
@@ -227,16 +185,6 @@ async def over_realtime(args, brain: Brain) -> None:
                 task.cancel()
             output.close()
     print()
-
-
-class _Silence:
-    def __init__(self):
-        self.next = asyncio.get_running_loop().time()
-
-    async def frame(self) -> np.ndarray:
-        self.next += FRAME / RATE
-        await asyncio.sleep(max(0.0, self.next - asyncio.get_running_loop().time()))
-        return np.zeros(FRAME, np.float32)
 
 
 # ---- over the assistant's control socket ----------------------------------------------------------

@@ -68,10 +68,12 @@ def _canonical_key(key: str) -> str:
                   r"\1.out_proj.weight", key)
 
 
-def expected_lm_tensors(cfg: PersonaPlexConfig) -> Shapes:
-    """Every tensor of `model.safetensors` with the shape `cfg` implies (475 for the 7B)."""
-    h, d = cfg.temporal_config, cfg.depformer_config
-    D, dim = h.hidden_size, d.hidden_size
+def temporal_tensors(cfg) -> Shapes:
+    """The temporal transformer's tensors, in moshi's names, with the shapes `cfg` implies: its
+    layers, the final norm, the audio and text tables and the text head (`cfg` a
+    PersonaPlexConfig or a TranscriberConfig)."""
+    h = cfg.temporal_config
+    D = h.hidden_size
     shapes: Shapes = {}
     for i in range(h.num_hidden_layers):
         p = f"transformer.layers.{i}"
@@ -86,6 +88,14 @@ def expected_lm_tensors(cfg: PersonaPlexConfig) -> Shapes:
         shapes[f"emb.{k}.weight"] = (cfg.audio_vocab_size + 1, D)
     shapes["text_emb.weight"] = (cfg.text_embedding_rows, D)
     shapes["text_linear.weight"] = (cfg.text_vocab_size, D)
+    return shapes
+
+
+def expected_lm_tensors(cfg: PersonaPlexConfig) -> Shapes:
+    """Every tensor of `model.safetensors` with the shape `cfg` implies (475 for the 7B)."""
+    h, d = cfg.temporal_config, cfg.depformer_config
+    D, dim = h.hidden_size, d.hidden_size
+    shapes = temporal_tensors(cfg)
     for j in range(d.num_hidden_layers):
         p = f"depformer.layers.{j}"
         shapes[f"{p}.self_attn.in_proj_weight"] = (d.dep_q * 3 * dim, dim)

@@ -43,8 +43,8 @@ from .checkpoint import TensorFile, check_tensors
 from .frugal import SafetensorsHeader, Segment, WeightPlan
 from .helium import Helium
 from .hub import _REPO_ID, _spm_check, hub_fetch, prepare_download, remote_sizes
-from .lm import RING_GRAPHS, Shapes, _canonical_key, kv_ring_specs, placeholder_modules, \
-    temporal_plan
+from .lm import (RING_GRAPHS, Shapes, _canonical_key, kv_ring_specs, placeholder_modules,
+                 temporal_plan, temporal_tensors)
 
 CONFIG_FILE = "config.json"
 MOSHI_FILE = "model.safetensors"  # moshi's default `moshi_name`
@@ -176,25 +176,11 @@ def check_shared_codec(stt: TranscriberFiles, codec_sha256: str | None,
 # ---- weights -------------------------------------------------------------------------------------
 
 def expected_transcriber_tensors(cfg: TranscriberConfig) -> Shapes:
-    """Every tensor of a Kyutai STT `model.safetensors` with the shape `cfg` implies."""
-    h = cfg.temporal_config
-    D = h.hidden_size
-    shapes: Shapes = {}
-    for i in range(h.num_hidden_layers):
-        p = f"transformer.layers.{i}"
-        shapes[f"{p}.self_attn.in_proj_weight"] = (3 * D, D)
-        shapes[f"{p}.self_attn.out_proj.weight"] = (D, D)
-        shapes[f"{p}.gating.linear_in.weight"] = (2 * h.intermediate_size, D)
-        shapes[f"{p}.gating.linear_out.weight"] = (D, h.intermediate_size)
-        shapes[f"{p}.norm1.alpha"] = (1, 1, D)
-        shapes[f"{p}.norm2.alpha"] = (1, 1, D)
-    shapes["out_norm.alpha"] = (1, 1, D)
-    for k in range(cfg.num_audio_codebooks):
-        shapes[f"emb.{k}.weight"] = (cfg.audio_vocab_size + 1, D)
-    shapes["text_emb.weight"] = (cfg.text_embedding_rows, D)
-    shapes["text_linear.weight"] = (cfg.text_vocab_size, D)
+    """Every tensor of a Kyutai STT `model.safetensors` with the shape `cfg` implies: the
+    temporal transformer's (131 for the 1B) and the VAD heads'."""
+    shapes = temporal_tensors(cfg)
     for i in range(cfg.vad_heads):
-        shapes[VAD_KEY.format(i)] = (cfg.vad_classes, D)
+        shapes[VAD_KEY.format(i)] = (cfg.vad_classes, cfg.temporal_config.hidden_size)
     return shapes
 
 

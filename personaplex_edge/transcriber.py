@@ -192,25 +192,23 @@ class TranscriberConfig:
         if raw.get("text_card_out") not in (None, text_card):
             raise ConfigError(f"{_where(where, 'text_card_out')} must equal text_card "
                               f"{text_card}")
-        stt = raw.get("stt_config") or {}
-        if not isinstance(stt, dict):
-            raise ConfigError(f"{_where(where, 'stt_config')} must be an object")
-        delay = stt.get("audio_delay_seconds", 0.0)
-        prefix = stt.get("audio_silence_prefix_seconds", 0.0)
-        for name, value in (("audio_delay_seconds", delay),
-                            ("audio_silence_prefix_seconds", prefix)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ConfigError(f"{_where(where, 'stt_config.' + name)} is {value!r}: "
-                                  "must be a number of seconds, 0 or more")
-        gen = raw.get("lm_gen_config") or {}
-        if not isinstance(gen, dict):
-            raise ConfigError(f"{_where(where, 'lm_gen_config')} must be an object")
-        vad_heads = raw.get("extra_heads_num_heads", 0)
-        vad_classes = raw.get("extra_heads_dim", 6)
-        for name, value in (("extra_heads_num_heads", vad_heads),
-                            ("extra_heads_dim", vad_classes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"{_where(where, name)} is {value!r}: must be a whole number")
+        stt, gen = (raw.get(name) or {} for name in ("stt_config", "lm_gen_config"))
+        for name, value in (("stt_config", stt), ("lm_gen_config", gen)):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{_where(where, name)} must be an object")
+
+        def at_least_0(name, value, kinds, what):
+            if isinstance(value, bool) or not isinstance(value, kinds) or value < 0:
+                raise ConfigError(f"{_where(where, name)} is {value!r}: must be {what}")
+            return value
+
+        delay, prefix = (at_least_0(f"stt_config.{name}", stt.get(name, 0.0), (int, float),
+                                    "a number of seconds, 0 or more")
+                         for name in ("audio_delay_seconds", "audio_silence_prefix_seconds"))
+        vad_heads, vad_classes = (at_least_0(name, raw.get(name, default), int,
+                                             "a whole number")
+                                  for name, default in (("extra_heads_num_heads", 0),
+                                                        ("extra_heads_dim", 6)))
         helium = HeliumConfig(hidden_size=dim, num_hidden_layers=need("num_layers"),
                               num_attention_heads=heads, intermediate_size=hidden,
                               max_position_embeddings=need("context"),

@@ -65,18 +65,17 @@ def _lm_kwargs(config: dict) -> dict:
 @torch.no_grad()
 def reference_stt(config: dict, seed: int = 0):
     """moshi's LMModel for `config`, float32, random bf16-representable weights with random
-    norm gains (moshi leaves them at 1, which would hide a wrong norm)."""
+    norm gains (moshi_lm_reference.randomise) and VAD heads."""
     from moshi.models.lm import LMModel
+
+    from moshi_lm_reference import randomise
 
     torch.manual_seed(seed)
     model = LMModel(**_lm_kwargs(config), device="cpu", dtype=torch.float32)
     gen = torch.Generator().manual_seed(seed + 1)
-    for name, p in model.named_parameters():
-        if name.endswith(".alpha"):
-            p.copy_(torch.rand(p.shape, generator=gen) + 0.5)
-        elif name.startswith("extra_heads."):
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
-        p.copy_(p.to(torch.bfloat16).float())
+    for head in model.extra_heads:  # logits of a few units: the probabilities move
+        head.weight.copy_(torch.randn(head.weight.shape, generator=gen) * 0.5)
+    randomise(model, gen)
     assert model.dep_q == 0 and model.depformer is None
     return model.eval()
 
@@ -109,24 +108,11 @@ def write_stt_checkpoint(root: str | Path, config: dict, model, mimi_file: Path,
 LATENT_MARGIN = 1e-6  # (second nearest - nearest) / the largest latent, at every decision
 
 
-@torch.no_grad()
 def sparse_codebooks(model, active: int = 8, spread: float = 0.3, seed: int = 11):
     """Re-randomises `model`'s (a moshi MimiModel) codebooks as the comment above says."""
-    gen = torch.Generator().manual_seed(seed)
-    frame = int(model.sample_rate / model.frame_rate)
-    probe = torch.randn(1, 1, 48 * frame, generator=gen) * torch.linspace(0.02, 0.6, 48 * frame)
-    latent = model._encode_to_unquantized_latent(probe)
-    for rvq in (model.quantizer.rvq_first, model.quantizer.rvq_rest):
-        residual = rvq.input_proj(latent).transpose(1, 2).reshape(-1, rvq.dimension)
-        for layer in rvq.vq.layers:
-            book = layer._codebook
-            mean, std = residual.mean(0), residual.std(0)
-            near = mean + spread * std * torch.randn(book.embedding_sum.shape, generator=gen)
-            near[active:] = mean + 1e3 * std * torch.randn(
-                (near.shape[0] - active, near.shape[1]), generator=gen)
-            book.embedding_sum.copy_(near * book.cluster_usage[:, None])
-            book.register_buffer("_embedding", None, persistent=False)
-            residual = residual - book.decode(book.encode(residual))
+    from moshi_reference import draw_codebooks
+
+    draw_codebooks(model, torch.Generator().manual_seed(seed), active, spread)
     return model
 
 
