@@ -321,6 +321,11 @@ def cmd_run(args) -> int:
 def cmd_mic(args) -> int:
     """Full duplex on the sound devices until Ctrl-C (or --duration seconds)."""
     model, conv = _conversation(args, progress=_note)
+    if conv.transcribing:  # what the user said, turn by turn (docs/heard.md)
+        def heard(event):
+            if event.kind == "turn":
+                print(f"\n[heard: {event.text}]", flush=True)
+        conv.on_heard = heard
     print("listening; Ctrl-C to stop", file=sys.stderr)
     loop = conv.live(on_text=lambda piece: print(piece, end="", flush=True),
                      input_device=args.input_device, output_device=args.output_device,

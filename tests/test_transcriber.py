@@ -262,3 +262,27 @@ def test_lockstep_rows_each_hear_their_own_audio(tmp_path):
         model.close()
     np.testing.assert_array_equal(heard[first], b.reference["text"])
     assert heard[second] == alone
+
+
+def test_the_transcriber_in_its_own_precision(tmp_path, capsys):
+    """--transcriber-precision int8: the step stored as int8 (MatMulNBits), its weights tied to
+    the checkpoint by verify's spot check, and it runs: a record per input frame."""
+    b = stt_bundle()
+    out = tmp_path / "model_int8"
+    assert main(["export", "--checkpoint", str(b.checkpoint), "--transcriber",
+                 str(b.stt_checkpoint), "--transcriber-precision", "int8", "--out",
+                 str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["graphs"]["transcriber_step"]["precision"] == "int8"
+    assert manifest["graphs"]["helium_step"]["precision"] == "fp32"
+    capsys.readouterr()
+    assert main(["verify", "--model", str(out), "--checkpoint", str(b.checkpoint),
+                 "--transcriber", str(b.stt_checkpoint)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines()
+                if "transcriber_step" in x and "weight rows" in x)
+    assert "int8" in line
+    write_audio(tmp_path / "in.wav", b.pcm)
+    assert main(["run", "--model", str(out), "--input", str(tmp_path / "in.wav"), "--output",
+                 str(tmp_path / "o.wav"), "--user-text-out", str(tmp_path / "u.json"),
+                 "--no-persona"]) == 0
+    assert len(json.loads((tmp_path / "u.json").read_text())) == FRAMES
