@@ -45,15 +45,20 @@ def stt_tiny_config() -> PersonaPlexConfig:
     return PersonaPlexConfig.from_dict(d)
 
 
+SPOKEN = 44  # frames of speech-like sound; then silence, where the VAD ends the turn
+
+
 def _speech_like(seed: int) -> np.ndarray:
-    """Noise under a syllable-rate envelope with pauses: something for the codes to follow.
-    PCM16 values, so that a wav written of it reads back the same samples."""
+    """Noise under a syllable-rate envelope with short pauses, then silence: something for the
+    codes to follow and a turn that ends. PCM16 values, so that a wav written of it reads back
+    the same samples."""
     from personaplex_edge.audio import to_pcm16
 
     rng = np.random.default_rng(seed)
     n = FRAMES * 1920
     t = np.arange(n) / 24000
-    envelope = np.clip(np.sin(2 * np.pi * 3.1 * t), 0, None) * (np.sin(2 * np.pi * 0.4 * t) > -0.3)
+    envelope = np.clip(np.sin(2 * np.pi * 3.1 * t), 0, None) * (np.sin(2 * np.pi * 0.9 * t) > -0.6)
+    envelope[SPOKEN * 1920:] = 0.0
     pcm = (rng.standard_normal(n) * 0.3 * envelope).astype(np.float32)
     return to_pcm16(pcm).astype(np.float32) / 32768
 
@@ -62,7 +67,8 @@ def _speech_like(seed: int) -> np.ndarray:
 def stt_bundle() -> SttBundle:
     from moshi_reference import reference_mimi, save_published
     from moshi_stt_reference import (clear_input, reference_stt, reference_transcribe,
-                                     sparse_codebooks, stt_config, write_stt_checkpoint)
+                                     sparse_codebooks, stt_config, teach_silence,
+                                     write_stt_checkpoint)
 
     from personaplex_edge.export.hub import MIMI_FILE
     from personaplex_edge.export.synthetic import train_tokenizer, write_synthetic_checkpoint
@@ -71,14 +77,18 @@ def stt_bundle() -> SttBundle:
     workdir = Path(tempfile.mkdtemp(prefix="stt_tests_"))
     atexit.register(shutil.rmtree, workdir, ignore_errors=True)
     ckpt = write_synthetic_checkpoint(cfg, workdir / "personaplex")
-    save_published(sparse_codebooks(reference_mimi(cfg.mimi_config, seed=3)), ckpt / MIMI_FILE)
+    mimi = sparse_codebooks(reference_mimi(cfg.mimi_config, seed=3))
+    save_published(mimi, ckpt / MIMI_FILE)
     tokenizer = train_tokenizer(workdir / "stt.model", vocab_size=200)
     import sentencepiece as spm
 
     vocab = spm.SentencePieceProcessor(model_file=str(tokenizer)).get_piece_size()
     config = stt_config(vocab, context=CONTEXT)
-    stt = write_stt_checkpoint(workdir / "stt", config, reference_stt(config, seed=5),
-                               ckpt / MIMI_FILE, tokenizer, cfg.mimi_config)
+    model = reference_stt(config, seed=5)
+    mimi.set_num_codebooks(32)
+    teach_silence(model, mimi, _speech_like(100), SPOKEN)
+    stt = write_stt_checkpoint(workdir / "stt", config, model, ckpt / MIMI_FILE, tokenizer,
+                               cfg.mimi_config)
     pcm, ref = clear_input(lambda x: reference_transcribe(stt, x), _speech_like)
     return SttBundle(cfg, ckpt, stt, config, pcm, ref, workdir)
 

@@ -80,6 +80,40 @@ def reference_stt(config: dict, seed: int = 0):
     return model.eval()
 
 
+@torch.no_grad()
+def teach_silence(model, mimi, pcm: np.ndarray, spoken: int, head: int = 2,
+                  sharpness: float = 5.0) -> None:
+    """The VAD head `head` (moshi's model, in place) made to tell silence from sound, as a
+    trained one does: class 0 ("no voice ahead") scores the normed hidden state's alignment
+    with its mean over the silence that follows sound in `pcm` (its frames from `spoken` on),
+    the other classes with its mean over the sound (moshi's own steps on `mimi`'s codes, a
+    moshi MimiModel making n_q codes). So the tests' audio ends a turn where it falls silent,
+    whatever the random weights."""
+    from moshi.models import LMGen
+
+    hidden: list[torch.Tensor] = []
+    hook = model.out_norm.register_forward_hook(lambda m, i, o: hidden.append(o[:, 0].clone()))
+    frame = int(mimi.sample_rate / mimi.frame_rate)
+    gen = LMGen(model, temp=0, temp_text=0)
+    try:
+        with mimi.streaming(1), gen.streaming(1):
+            for i in range(pcm.shape[0] // frame):
+                gen.step(mimi.encode(torch.from_numpy(
+                    pcm[None, None, i * frame:(i + 1) * frame]).float()))
+    finally:
+        hook.remove()
+    states = torch.cat(hidden)  # [frames, D]
+
+    def direction(rows: torch.Tensor) -> torch.Tensor:
+        mean = rows.mean(0)
+        return mean / mean.norm()
+
+    weight = model.extra_heads[head].weight  # [classes, D]
+    weight[0] = sharpness * direction(states[spoken + 3:])  # past the delay's first frames
+    weight[1:] = sharpness * direction(states[3:spoken])
+    weight.copy_(weight.to(torch.bfloat16).float())
+
+
 def write_stt_checkpoint(root: str | Path, config: dict, model, mimi_file: Path,
                          tokenizer: Path, mimi_cfg: PersonaPlexMimiConfig) -> Path:
     """The checkpoint directory (module docstring), plus moshi's arguments of the small Mimi

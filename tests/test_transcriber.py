@@ -286,3 +286,28 @@ def test_the_transcriber_in_its_own_precision(tmp_path, capsys):
                  str(tmp_path / "o.wav"), "--user-text-out", str(tmp_path / "u.json"),
                  "--no-persona"]) == 0
     assert len(json.loads((tmp_path / "u.json").read_text())) == FRAMES
+
+
+def test_a_transcriber_from_the_hub_by_its_id(tmp_path, monkeypatch, run_outputs):
+    """`--transcriber OWNER/NAME`: Kyutai's layout fetched through huggingface_hub (a hub in
+    memory, tests/fake_hub.py), only the files its config names, then added to an exported
+    model: the same transcriber as from the directory."""
+    import fake_hub
+
+    b = stt_bundle()
+    hub = fake_hub.FakeHub.for_test(monkeypatch, tmp_path)
+    hub.publish_dir("kyutai/stt-tiny-candle", b.stt_checkpoint)
+    model = tmp_path / "model"
+    shutil.copytree(plain_model_dir(), model)
+    assert main(["export", "--transcriber", "kyutai/stt-tiny-candle", "--out", str(model)]) == 0
+    fetched = sorted(p.rsplit("/", 1)[-1] for p in hub.downloads())
+    assert fetched == sorted(["config.json", "model.safetensors", b.stt_config["mimi_name"],
+                              b.stt_config["tokenizer_name"]])
+    manifest = json.loads((model / "manifest.json").read_text())
+    assert manifest["transcriber"]["source"] == "kyutai/stt-tiny-candle"
+    assert manifest["transcriber"]["source_revision"]
+    work = run_outputs["work"]
+    assert main(["run", "--model", str(model), "--input", str(work / "in.wav"),
+                 "--output", str(tmp_path / "o.wav"), "--user-text-out", str(tmp_path / "u.json"),
+                 "--greedy", "--no-persona"]) == 0
+    assert json.loads((tmp_path / "u.json").read_text()) == run_outputs["user"]
