@@ -107,7 +107,7 @@ def vad_heads_of(lm: Path, cfg: TranscriberConfig, where: Path) -> TranscriberCo
     return replace(cfg, vad_heads=len(heads), vad_classes=classes)
 
 
-def _finish(source: str, root: Path, config_path: Path, lm: Path | None, mimi: Path | None,
+def _finish(source: str, config_path: Path, lm: Path | None, mimi: Path | None,
             tokenizer: Path | None, revision: str | None = None) -> TranscriberFiles:
     raw = _read_config(config_path)
     cfg = TranscriberConfig.from_kyutai(raw, str(config_path))
@@ -138,7 +138,7 @@ def resolve_transcriber(spec: str, progress: Callable[[str], None] = print) -> T
         raw = _read_config(config)
         TranscriberConfig.from_kyutai(raw, str(config))  # what it is, before its files
         names = _names(raw, config)
-        return _finish(str(path), path, config, *(path / n for n in names))
+        return _finish(str(path), config, *(path / n for n in names))
     if path.exists():
         raise CheckpointError(f"--transcriber {spec} is a file; give the checkpoint directory")
     if not _REPO_ID.match(spec) or spec.startswith((".", "/")):
@@ -151,7 +151,7 @@ def resolve_transcriber(spec: str, progress: Callable[[str], None] = print) -> T
     sizes = remote_sizes(spec, names)
     prepare_download(spec, sizes, names, progress, "a Kyutai STT checkpoint")
     files = [hub_fetch(spec, n, True, sizes, progress) for n in names]
-    return _finish(spec, config.parent, config, *files, revision=config.parent.name)
+    return _finish(spec, config, *files, revision=config.parent.name)
 
 
 def check_shared_codec(stt: TranscriberFiles, codec_sha256: str | None,
