@@ -125,10 +125,22 @@ printf '%s\n' "$BOARD" | sed 's/^/    /'
     echo "cd $SRC"
     printf '%s\n' "$BOARD"
 } >"$ROOT/tmp/board-install.sh"
-in_root bash /tmp/board-install.sh >"$WORK/install.log" 2>&1 || {
+# A download cut short by the network (pip then reports a hash mismatch or a broken read) is
+# tried again, up to three times; any other failure of the install is the lane's failure.
+NETWORK_FAILURE='DO NOT MATCH THE HASHES|IncompleteRead|ReadTimeoutError|ProtocolError|Connection (reset|aborted|refused)|Temporary failure in name resolution'
+for try in 1 2 3; do
+    if in_root bash /tmp/board-install.sh >"$WORK/install.log" 2>&1; then
+        break
+    fi
+    if [ "$try" -lt 3 ] && grep -Eq "$NETWORK_FAILURE" "$WORK/install.log"; then
+        say "the board's install failed on a download (try $try of 3): trying again"
+        grep -E "$NETWORK_FAILURE" "$WORK/install.log" | head -3 | sed 's/^/    /'
+        sleep 10
+        continue
+    fi
     tail -30 "$WORK/install.log"
     die "the board's install (see $WORK/install.log)"
-}
+done
 in_root "$SRC/.venv/bin/python" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("torch") is not None)' ||
     die "torch is importable in the root: the board's install must not need it"
 say "installed: $(in_root "$SRC/.venv/bin/python" -c 'import platform, onnxruntime; print(platform.machine(), "Python", platform.python_version(), "onnxruntime", onnxruntime.__version__)' 2>/dev/null)"
