@@ -96,7 +96,10 @@ def test_we_read_what_libsndfile_writes(pcm, tmp_path):
     skip = dec.head.pre_skip * RATE // 48000
     n = min(ours.shape[0] - skip, theirs.shape[0])
     assert n > pcm.shape[0] - 2 * FRAME
-    np.testing.assert_allclose(ours[skip:skip + n], theirs[:n], atol=1e-6)
+    # two builds of libopus (the system's, libsndfile's own) decode alike to rounding, whose last
+    # bits depend on the build and the CPU's kernels; a frame out of place or a sample of lag
+    # differs by orders more than this bound
+    np.testing.assert_allclose(ours[skip:skip + n], theirs[:n], atol=1e-4)
 
 
 def test_pages_in_any_chunking_give_the_same_frames(pcm):

@@ -332,7 +332,9 @@ def test_simulated_gpu_trt_backend_runs_the_lm_like_onnxruntime(simulated):
     cpu = GreedyLM(model, manifest, device="cpu", threads=1).run(user)
     gpu = GreedyLM(model, dataclasses.replace(manifest, backend="tensorrt")).run(user)
     np.testing.assert_array_equal(gpu.tokens, cpu.tokens)
-    np.testing.assert_allclose(gpu.hidden, cpu.hidden, rtol=1e-6, atol=1e-6)
+    # the simulated engines are CPU sessions on every core, the reference one thread: the same
+    # arithmetic up to how the kernels split it, so rounding may differ; tokens may not
+    np.testing.assert_allclose(gpu.hidden, cpu.hidden, rtol=1e-5, atol=1e-5)
     assert cuda.copies_2d == 50  # all 4 rings of helium in one copy per frame
 
 
@@ -363,7 +365,7 @@ def test_simulated_gpu_trt_backend_runs_the_codec_like_onnxruntime(simulated):
             audio.append(dec.run()["pcm"].copy())
         out[kind] = (np.array(codes), np.array(audio))
     np.testing.assert_array_equal(out["gpu"][0], out["cpu"][0])
-    np.testing.assert_allclose(out["gpu"][1], out["cpu"][1], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(out["gpu"][1], out["cpu"][1], rtol=1e-5, atol=1e-5)
 
     enc_cpu, enc_gpu = graphs["cpu"][0], graphs["gpu"][0]
     saved = enc_gpu.state()
