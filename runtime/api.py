@@ -280,6 +280,8 @@ class Conversation:
         model's text stream one by one, each when the model asks for a word. Events per word
         (started, done, cancelled) come from `say_events()` or `on_say`. The user speaking
         does not cancel them; `cancel_say()` does. Write numbers as words. Thread-safe.
+        A text over 4096 characters, or one the queue cannot take, is refused (PersonaPlexError;
+        docs/say.md, Limits).
 
             >>> conv.say("Your tea is ready.")
             Utterance(id=1, text='Your tea is ready.', words=('Your', 'tea', 'is', 'ready.'))

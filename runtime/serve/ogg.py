@@ -21,6 +21,10 @@ CONTINUED, FIRST, LAST = 0x01, 0x02, 0x04  # header-type flags
 HEADER = struct.Struct("<4sBBqIIIB")  # capture, version, flags, granule, serial, sequence, crc, n
 GRANULE_RATE = 48000
 MAX_SEGMENTS = 255
+# The longest packet a reader joins across pages: an Opus packet carries at most 120 ms of
+# 1275-byte frames besides padding (61,298 bytes a channel, RFC 7845 sec. 6), so this holds any
+# audio packet of a mono or stereo stream and a header with a long vendor string.
+MAX_PACKET_BYTES = 1 << 17
 
 # Ogg's CRC-32 is the unreflected one (polynomial 0x04c11db7, initial value 0, no final xor);
 # zlib's is its reflection, so zlib computes it on bit-reversed bytes, and the result is read
@@ -80,7 +84,8 @@ def ogg_pages(data: bytes) -> list[bytes]:
 
 class PacketReader:
     """Ogg bytes in any chunking -> the packets they complete, in order. Each page's capture
-    pattern, version and CRC are checked; a packet laced across pages is joined."""
+    pattern, version and CRC are checked; a packet laced across pages is joined, up to
+    MAX_PACKET_BYTES (OggError past it)."""
 
     def __init__(self):
         self._buffer = bytearray()  # the start of a page not yet whole
@@ -112,6 +117,9 @@ class PacketReader:
         for size in data[HEADER.size:HEADER.size + n]:
             self._partial += data[at:at + size]
             at += size
+            if len(self._partial) > MAX_PACKET_BYTES:
+                raise OggError(f"a packet continued past {MAX_PACKET_BYTES} bytes (an Opus "
+                               "packet holds at most 61,298 bytes a channel besides padding)")
             if size < 255:
                 packets.append(bytes(self._partial))
                 self._partial.clear()
