@@ -23,6 +23,28 @@ MODEL_HELP = ("model directory, an exported model on the Hugging Face hub (OWNER
               "[@REVISION]), or a built-in model name (demo, tiny)")
 
 
+class SayAction(argparse.Action):
+    """`--say TEXT` and `--say-at SECONDS` into one list of (text, seconds or None), in their
+    order on the command line: a --say-at times the --say before it, and only that one."""
+
+    def __call__(self, parser, namespace, value, option_string=None) -> None:
+        says = list(getattr(namespace, self.dest) or [])
+        if option_string == "--say":
+            says.append((value, None))
+        else:
+            if not says:
+                parser.error(f"--say-at {value:g} before any --say: give it after the --say "
+                             "it times")
+            text, at = says[-1]
+            if at is not None:
+                parser.error(f"a second --say-at for --say {text!r}: each --say takes one, "
+                             "after it")
+            if not value >= 0 or value == float("inf"):
+                parser.error(f"--say-at {value}: seconds from the start of the input, >= 0")
+            says[-1] = (text, value)
+        setattr(namespace, self.dest, says)
+
+
 def _note(message: str) -> None:
     """Progress beside a command's own output on stdout (codes, a transcript)."""
     print(message, file=sys.stderr)
@@ -238,9 +260,9 @@ def cmd_run(args) -> int:
     from .runtime.text import Transcript, write_records
 
     pcm = read_audio(args.input)  # before the model loads: a bad file fails fast
-    from .runtime.say import said_line, timed_says
+    from .runtime.say import check_say_text, said_line
 
-    says = timed_says(args.say, args.say_at)
+    says = [(at or 0.0, check_say_text(text, "--say")) for text, at in args.says or []]
     model, conv = _conversation(args)
     if args.realtime:
         from .runtime.audio_io.paced_file import run_paced
@@ -250,8 +272,7 @@ def cmd_run(args) -> int:
         plan = SayPlan(says, model.sample_rate / model.frame_size)
 
         def step(frame):
-            for words in plan.arrivals(conv.position - conv.prompt_frames):
-                conv.say(words)
+            plan.say_due(conv.position - conv.prompt_frames, conv.say)
             audio, token = conv.core.step(frame)
             transcript.add(token)
             return audio
@@ -568,10 +589,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--input", required=True, help="what the user says (audio file)")
     r.add_argument("--output", required=True, help="the model's answer (24 kHz wav, same length)")
     r.add_argument("--text-out", help="per-frame text as JSON (piece, \"PAD\" or \"EPAD\")")
-    r.add_argument("--say", action="append", metavar="TEXT",
+    r.add_argument("--say", action=SayAction, dest="says", metavar="TEXT",
                    help="words the model says, in its voice, through its text stream (may be "
                         "repeated; docs/say.md)")
-    r.add_argument("--say-at", action="append", type=float, metavar="SECONDS",
+    r.add_argument("--say-at", action=SayAction, dest="says", type=float, metavar="SECONDS",
                    help="when the --say before it arrives: the step ceil(SECONDS x 12.5) of the "
                         "input, 0 being the first frame after the persona (default 0)")
     r.add_argument("--realtime", action="store_true",

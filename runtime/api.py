@@ -266,8 +266,7 @@ class Conversation:
         built = ResponseBuilder(self._signal(pcm, sample_rate), self.frame_size, self.model.text)
         plan = SayPlan(say, self.sample_rate / self.frame_size)
         for i in range(built.frames):
-            for text in plan.arrivals(i):
-                self.say(text)
+            plan.say_due(i, self.say)
             answer, token = self.core.step(self._frame(built.frame(i)))
             if piece := built.add(i, answer, token):
                 self._pieces.append(piece)

@@ -143,17 +143,6 @@ def arrival_step(seconds: float, frame_rate: float) -> int:
     return max(0, math.ceil(round(seconds * frame_rate, 9)))
 
 
-def timed_says(texts: Sequence[str] | None,
-               seconds: Sequence[float] | None) -> list[tuple[float, str]]:
-    """`run --say TEXT --say-at SECONDS ...` -> (seconds, text) pairs: the i-th time goes with
-    the i-th text, 0 s for a text without one."""
-    texts, seconds = [check_say_text(t, "--say") for t in texts or []], list(seconds or [])
-    if len(seconds) > len(texts):
-        raise PersonaPlexError(f"{len(seconds)} --say-at for {len(texts)} --say: give each "
-                               "--say-at after the --say it times")
-    return list(zip(seconds + [0.0] * (len(texts) - len(seconds)), texts))
-
-
 def said_line(events: Iterable[SayEvent], first_step: int = 0) -> str:
     """One line of what was said: each word at its step (counted from `first_step`), and the
     words never reached."""
@@ -172,12 +161,11 @@ class SayPlan:
         self._due = deque(sorted(((arrival_step(s, frame_rate), t) for s, t in says),
                                  key=lambda st: st[0]))
 
-    def arrivals(self, step: int) -> list[str]:
-        """The texts due at or before `step` not handed out yet, in time order."""
-        out = []
+    def say_due(self, step: int, say: Callable[[str], object]) -> None:
+        """say(text) for each text due at or before `step` not handed out yet, in time order
+        (before that step is stepped)."""
         while self._due and self._due[0][0] <= step:
-            out.append(self._due.popleft()[1])
-        return out
+            say(self._due.popleft()[1])
 
 
 class SayMachine:
