@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from . import __version__
-from .contract import BACKENDS, PRECISIONS
+from .contract import BACKENDS, DEVICES, PRECISIONS
 from .errors import PersonaPlexError
 from .model_ref import need_export_extra, resolve_model
 
@@ -481,7 +481,7 @@ def _listed(value: str | None) -> tuple[str, ...]:
 
 
 def _add_runtime_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+    p.add_argument("--device", default="auto", choices=DEVICES,
                    help="where the graphs run (auto: CUDA when onnxruntime-gpu can use it)")
     p.add_argument("--threads", type=int, default=None,
                    help="onnxruntime threads (default: PERSONAPLEX_THREADS, else all cores)")
@@ -489,6 +489,9 @@ def _add_runtime_args(p: argparse.ArgumentParser) -> None:
 
 def _add_conversation_args(p: argparse.ArgumentParser, model_default: str | None = None) -> None:
     from .runtime.persona import DEFAULT_TEXT_PROMPT
+    from .runtime.sampling import SamplingParams
+
+    d = SamplingParams()  # the reference's defaults
 
     p.add_argument("--model", default=model_default, required=model_default is None,
                    help=MODEL_HELP)
@@ -502,10 +505,12 @@ def _add_conversation_args(p: argparse.ArgumentParser, model_default: str | None
                    help="also keep prefilled personas in this directory, across runs")
     p.add_argument("--greedy", action="store_true", help="argmax instead of sampling")
     p.add_argument("--seed", type=int, default=None, help="seed of the sampling noise")
-    p.add_argument("--temp", type=float, default=0.8, help="audio temperature (0.8)")
-    p.add_argument("--temp-text", type=float, default=0.7, help="text temperature (0.7)")
-    p.add_argument("--top-k", type=int, default=250, help="audio top-k (250)")
-    p.add_argument("--top-k-text", type=int, default=25, help="text top-k (25)")
+    p.add_argument("--temp", type=float, default=d.temp, help=f"audio temperature ({d.temp})")
+    p.add_argument("--temp-text", type=float, default=d.temp_text,
+                   help=f"text temperature ({d.temp_text})")
+    p.add_argument("--top-k", type=int, default=d.top_k, help=f"audio top-k ({d.top_k})")
+    p.add_argument("--top-k-text", type=int, default=d.top_k_text,
+                   help=f"text top-k ({d.top_k_text})")
     _add_runtime_args(p)
 
 
