@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ci_parts import not_installable
 
 from personaplex_edge.config import preset
 from personaplex_edge.errors import ModelDirError
@@ -37,7 +38,8 @@ def _gpu_reason() -> str | None:
     return None if ok else f"no usable CUDA device: {why}"
 
 
-needs_gpu = pytest.mark.skipif(_gpu_reason() is not None, reason=str(_gpu_reason()))
+needs_gpu = pytest.mark.skipif(_gpu_reason() is not None,
+                               reason=not_installable(str(_gpu_reason())))
 
 SPEC = EngineSpec("helium_step.engine", "0" * 64, "10.8.0.43", "9.0", "NVIDIA H200", "fp16",
                   12.5)

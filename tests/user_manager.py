@@ -18,6 +18,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from ci_parts import not_installable
+
 SYSTEMD = "/lib/systemd/systemd"
 
 
@@ -30,8 +32,8 @@ def available() -> str | None:
         return (f"{', '.join(missing)} missing (apt-get install systemd dbus-daemon util-linux; "
                 "scripts/install.sh does)")
     if not Path("/run/systemd/system").is_dir() and os.geteuid() != 0:
-        return ("this machine was not booted with systemd, and a user manager outside it needs "
-                "a private mount namespace, which takes root")
+        return not_installable("this machine was not booted with systemd, and a user manager "
+                               "outside it needs a private mount namespace, which takes root")
     return None
 
 
