@@ -480,3 +480,19 @@ def test_run_says_each_text_at_its_own_time(demo_model_dir, tmp_path, capsys):
                  "--device", "cpu", "--say", "one", "--say", "two", "--say-at", "2"]) == 0
     said = capsys.readouterr().err
     assert "said: one @2, two @27" in said, said
+
+
+def test_bench_say_measures_against_a_tree_without_say(tmp_path):
+    """benchmarks/bench_say.py's idle figures compare this tree with one that has no word
+    queue: its default baseline has no runtime/say.py, and a ref that has one is refused."""
+    import subprocess
+
+    import bench_say
+
+    ref = bench_say.default_baseline()
+    listed = subprocess.run(["git", "ls-tree", "--name-only", ref, "runtime/say.py"],
+                            cwd=bench_say.ROOT, capture_output=True, text=True, check=True)
+    assert listed.stdout == "" and subprocess.run(
+        ["git", "cat-file", "-e", f"{ref}:runtime/lockstep.py"], cwd=bench_say.ROOT).returncode == 0
+    with pytest.raises(SystemExit, match="compare the word queue with itself"):
+        bench_say.baseline_tree("HEAD", tmp_path)
