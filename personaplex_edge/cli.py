@@ -723,14 +723,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    """A command line as a user types it (SystemExit, with the usage, where it is wrong)."""
+def with_subcommand(argv: list[str]) -> list[str]:
+    """`argv` with the reference's habit - `--mic` instead of a subcommand - spelled as the
+    subcommand (`aec --mic FILE` is an option of aec)."""
     argv = list(argv)
-    # the reference's habit: `--mic` instead of a subcommand (`aec --mic FILE` is an option)
     if "--mic" in argv and argv[0] != "aec":
         argv.remove("--mic")
         argv.insert(0, "mic")
-    return build_parser().parse_args(argv)
+    return argv
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """A command line as a user types it (SystemExit, with the usage, where it is wrong)."""
+    return build_parser().parse_args(with_subcommand(argv))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -499,7 +499,11 @@ def test_say_wakes_the_gate_and_keeps_it_awake_until_the_last_word(demo_model):
     assert [e["word"] for e in said if e["word_event"] == "started"] == list(utterance.words)
     wake = [e for e in events if e["event"] == "wake"]
     assert wake[-1]["reason"] == "command" and conv.group.metrics.frames > ticks
-    assert all(e["step"] >= 0 for e in said)  # counted from the first frame after the persona
+    # steps counted from the new conversation's first frame after its persona (the pre-roll's
+    # first): the words queued before it, the first word's EPAD goes in after the 2 forced PADs
+    started = [e["step"] for e in said if e["word_event"] == "started"]
+    done = [e["step"] for e in said if e["word_event"] == "done"]
+    assert started[0] == 2 and all(s <= d < n for s, d, n in zip(started, done, started[1:]))
     for _ in range(3):  # the last word's pieces reach the emitted frames a step later
         gate(silence)
     spoken = "".join(e["text"] for e in events[events.index(wake[-1]):] if e["event"] == "text")
