@@ -8,7 +8,7 @@ namespace - says so with `not_installable(reason)` and stays a skip, its reason 
 from __future__ import annotations
 
 CI_ENV = "PERSONAPLEX_CI"
-NOT_INSTALLABLE = "not installable here: "
+NOT_INSTALLABLE = "not installable: "
 
 
 def not_installable(reason: str) -> str:

@@ -23,8 +23,8 @@ from personaplex_edge.runtime.assistant.config import load_config
 
 needs_pulse = pytest.mark.skipif(
     shutil.which("pulseaudio") is None or shutil.which("paplay") is None,
-    reason="no PulseAudio here (apt-get install pulseaudio pulseaudio-utils; scripts/install.sh "
-           "does, so CI runs these tests)")
+    reason="PulseAudio is not installed (apt-get install pulseaudio pulseaudio-utils; "
+           "scripts/install.sh does, so CI runs these tests)")
 
 
 def _cli(*args, env=None, timeout=60, cwd=None) -> subprocess.CompletedProcess:
@@ -177,8 +177,8 @@ def test_a_persona_that_cannot_run_is_refused_at_the_sleep_and_the_last_stays(de
 
 # -- the unit -------------------------------------------------------------------------------------
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None,
-                    reason="no systemd-analyze here (apt-get install systemd; scripts/install.sh "
-                           "does, so CI runs this test)")
+                    reason="systemd-analyze is not installed (apt-get install systemd; "
+                           "scripts/install.sh does, so CI runs this test)")
 def test_the_installed_unit_passes_systemd_analyze_verify(tmp_path):
     config = tmp_path / "my config.toml"
     config.write_text('[idle]\nsleep_after = 30\n')

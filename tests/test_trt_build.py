@@ -201,7 +201,7 @@ def test_simulated_gpu_engines_command(simulated, capsys):
 
 
 def test_without_tensorrt_the_engines_command_is_one_message(tiny_fp32, capsys):
-    """No TensorRT here: one message naming the extras, exit 2, and the directory untouched."""
+    """Without TensorRT: one message naming the extras, exit 2, and the directory untouched."""
     try:
         import tensorrt  # noqa: F401
         pytest.skip(not_installable("TensorRT is installed: this test is of a machine "

@@ -6,7 +6,7 @@ touched.
 systemd runs a user manager only where the machine was booted with it (/run/systemd/system
 exists). Where it was not (a container), the manager runs in a private mount namespace in
 which that directory does exist: that takes root (CAP_SYS_ADMIN), which is why `available()`
-says when this cannot be done here.
+says where this cannot be done.
 """
 
 from __future__ import annotations
