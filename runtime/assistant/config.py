@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping
 from personaplex_edge.contract import DEVICES
 from personaplex_edge.errors import ConfigError
 
+from ..audio_io.devices import device_spec
 from ..persona import DEFAULT_TEXT_PROMPT, Persona
 from ..sampling import SamplingParams
 from .vad import ENGINES
@@ -92,7 +93,7 @@ def _device(v):
     """A sound device: an index or part of its name (personaplex-edge devices)."""
     if isinstance(v, bool) or not isinstance(v, (int, str)):
         raise ValueError("expected a device index or part of its name")
-    return int(v) if isinstance(v, str) and v.isdigit() else v
+    return device_spec(v)
 
 
 def _range(lo: int, hi: int) -> Check:

@@ -67,19 +67,24 @@ def _page_end(data, at: int) -> int | None:
     return end if end <= len(data) else None
 
 
-def ogg_pages(data: bytes) -> list[bytes]:
-    """`data` cut at its page boundaries. Whatever does not parse as a whole page - a page's
-    start or end split across messages, or bytes that are not Ogg at all - is one last piece."""
-    pages, at = [], 0
+def page_spans(data) -> tuple[list[tuple[int, int]], int]:
+    """(start, end) of each whole page at the start of `data`, one after the other, and where
+    the first byte outside them is: a page not whole yet, or bytes that are not Ogg."""
+    spans, at = [], 0
     while data[at:at + 4] == CAPTURE:
         end = _page_end(data, at)
         if end is None:
             break
-        pages.append(data[at:end])
+        spans.append((at, end))
         at = end
-    if at < len(data):
-        pages.append(data[at:])
-    return pages
+    return spans, at
+
+
+def ogg_pages(data: bytes) -> list[bytes]:
+    """`data` cut at its page boundaries. Whatever does not parse as a whole page - a page's
+    start or end split across messages, or bytes that are not Ogg at all - is one last piece."""
+    spans, at = page_spans(data)
+    return [data[a:b] for a, b in spans] + ([data[at:]] if at < len(data) else [])
 
 
 class PacketReader:
@@ -93,15 +98,12 @@ class PacketReader:
 
     def feed(self, data: bytes) -> list[bytes]:
         self._buffer += data
-        buf, packets, at = self._buffer, [], 0
-        while len(buf) - at >= 4:
-            if buf[at:at + 4] != CAPTURE:
-                raise OggError("no Ogg capture pattern where a page starts")
-            end = _page_end(buf, at)
-            if end is None:
-                break
-            packets += self._page(bytes(buf[at:end]))
-            at = end
+        buf, packets = self._buffer, []
+        spans, at = page_spans(buf)
+        for a, b in spans:
+            packets += self._page(bytes(buf[a:b]))
+        if len(buf) - at >= 4 and buf[at:at + 4] != CAPTURE:  # not a page still arriving
+            raise OggError("no Ogg capture pattern where a page starts")
         del buf[:at]
         return packets
 
