@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -666,3 +667,9 @@ def test_the_docs_name_every_config_key_and_command():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "assistant.md").read_text()
     assert [k for k in KEYS if f"| `{k}` |" not in doc] == []
     assert [c for c in COMMANDS if f"| `{c}` |" not in doc] == []
+    # and the number of tests it says this file holds
+    said = int(re.search(r"`tests/test_assistant.py`, (\d+) tests", doc).group(1))
+    collected = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                                "-p", "no:cacheprovider", __file__], capture_output=True,
+                               text=True, timeout=120).stdout
+    assert f"\n{said} tests collected" in collected, collected[-300:]

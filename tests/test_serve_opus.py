@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+from pathlib import Path
 
+import ci_parts
 import numpy as np
 import pytest
 import soundfile as sf
@@ -207,3 +209,24 @@ def test_a_damaged_stream_is_refused_with_its_reason(pcm, corrupt, reason):
     data = encode(pcm[:2 * FRAME])[0]
     with pytest.raises(OpusError, match=f"not an Ogg/Opus stream .*{reason}"):
         OpusDecoder().feed(corrupt(data))
+
+
+def test_homebrews_libopus_is_found_on_macos(tmp_path, monkeypatch):
+    """`brew install opus` puts libopus.0.dylib in /opt/homebrew/lib on Apple silicon, which
+    neither find_library nor a bare dlopen searches: the loader looks in Homebrew's prefix. A
+    stand-in: the system's libopus under the dylib's name in $HOMEBREW_PREFIX/lib, on a
+    platform said to be macOS where find_library finds nothing."""
+    from personaplex_edge.runtime import system_lib
+
+    maps = open("/proc/self/maps").read() if libopus.load() else ""
+    real = next((line.split()[-1] for line in maps.splitlines() if "libopus" in line), None)
+    if real is None:
+        pytest.skip(ci_parts.not_installable("the loaded libopus's file is not in /proc/self/maps"))
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libopus.0.dylib").symlink_to(real)
+    monkeypatch.setenv("HOMEBREW_PREFIX", str(tmp_path))
+    monkeypatch.setattr(system_lib.sys, "platform", "darwin")
+    monkeypatch.setattr(system_lib.ctypes.util, "find_library", lambda name: None)
+    found = system_lib.SystemLibrary(("opus", "libopus.0.dylib"), lambda lib: None).load()
+    assert found is not None and found._name == str(tmp_path / "lib" / "libopus.0.dylib")
+    assert system_lib.package_lib_dirs()[:2] == [tmp_path / "lib", Path("/opt/homebrew/lib")]
