@@ -31,9 +31,15 @@ def available() -> str | None:
     if missing:
         return (f"{', '.join(missing)} missing (apt-get install systemd dbus-daemon util-linux; "
                 "scripts/install.sh does)")
-    if not Path("/run/systemd/system").is_dir() and os.geteuid() != 0:
-        return not_installable("this machine was not booted with systemd, and a user manager "
-                               "outside it needs a private mount namespace, which takes root")
+    if not Path("/run/systemd/system").is_dir():
+        if os.geteuid() != 0:
+            return not_installable("this machine was not booted with systemd, and a user "
+                                   "manager outside it needs a private mount namespace, which "
+                                   "takes root")
+        probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True, text=True)
+        if probe.returncode != 0:  # root without CAP_SYS_ADMIN (a container's default)
+            return not_installable("this machine was not booted with systemd, and it allows no "
+                                   f"private mount namespace: {probe.stderr.strip()}")
     return None
 
 
