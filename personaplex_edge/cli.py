@@ -14,13 +14,35 @@ import time
 from pathlib import Path
 
 from . import __version__
-from .contract import BACKENDS, PRECISIONS
+from .contract import BACKENDS, DEVICES, PRECISIONS
 from .errors import PersonaPlexError
 from .model_ref import need_export_extra, resolve_model
 
 PRECISION_CHOICES = PRECISIONS  # from the contract: building the parser needs no export extra
 MODEL_HELP = ("model directory, an exported model on the Hugging Face hub (OWNER/NAME"
               "[@REVISION]), or a built-in model name (demo, tiny)")
+
+
+class SayAction(argparse.Action):
+    """`--say TEXT` and `--say-at SECONDS` into one list of (text, seconds or None), in their
+    order on the command line: a --say-at times the --say before it, and only that one."""
+
+    def __call__(self, parser, namespace, value, option_string=None) -> None:
+        says = list(getattr(namespace, self.dest) or [])
+        if option_string == "--say":
+            says.append((value, None))
+        else:
+            if not says:
+                parser.error(f"--say-at {value:g} before any --say: give it after the --say "
+                             "it times")
+            text, at = says[-1]
+            if at is not None:
+                parser.error(f"a second --say-at for --say {text!r}: each --say takes one, "
+                             "after it")
+            if not value >= 0 or value == float("inf"):
+                parser.error(f"--say-at {value}: seconds from the start of the input, >= 0")
+            says[-1] = (text, value)
+        setattr(namespace, self.dest, says)
 
 
 def _note(message: str) -> None:
@@ -238,9 +260,9 @@ def cmd_run(args) -> int:
     from .runtime.text import Transcript, write_records
 
     pcm = read_audio(args.input)  # before the model loads: a bad file fails fast
-    from .runtime.say import said_line, timed_says
+    from .runtime.say import check_say_text, said_line
 
-    says = timed_says(args.say, args.say_at)
+    says = [(at or 0.0, check_say_text(text, "--say")) for text, at in args.says or []]
     model, conv = _conversation(args)
     if args.realtime:
         from .runtime.audio_io.paced_file import run_paced
@@ -250,8 +272,7 @@ def cmd_run(args) -> int:
         plan = SayPlan(says, model.sample_rate / model.frame_size)
 
         def step(frame):
-            for words in plan.arrivals(conv.position - conv.prompt_frames):
-                conv.say(words)
+            plan.say_due(conv.position - conv.prompt_frames, conv.say)
             audio, token = conv.core.step(frame)
             transcript.add(token)
             return audio
@@ -460,7 +481,7 @@ def _listed(value: str | None) -> tuple[str, ...]:
 
 
 def _add_runtime_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+    p.add_argument("--device", default="auto", choices=DEVICES,
                    help="where the graphs run (auto: CUDA when onnxruntime-gpu can use it)")
     p.add_argument("--threads", type=int, default=None,
                    help="onnxruntime threads (default: PERSONAPLEX_THREADS, else all cores)")
@@ -468,6 +489,9 @@ def _add_runtime_args(p: argparse.ArgumentParser) -> None:
 
 def _add_conversation_args(p: argparse.ArgumentParser, model_default: str | None = None) -> None:
     from .runtime.persona import DEFAULT_TEXT_PROMPT
+    from .runtime.sampling import SamplingParams
+
+    d = SamplingParams()  # the reference's defaults
 
     p.add_argument("--model", default=model_default, required=model_default is None,
                    help=MODEL_HELP)
@@ -481,10 +505,12 @@ def _add_conversation_args(p: argparse.ArgumentParser, model_default: str | None
                    help="also keep prefilled personas in this directory, across runs")
     p.add_argument("--greedy", action="store_true", help="argmax instead of sampling")
     p.add_argument("--seed", type=int, default=None, help="seed of the sampling noise")
-    p.add_argument("--temp", type=float, default=0.8, help="audio temperature (0.8)")
-    p.add_argument("--temp-text", type=float, default=0.7, help="text temperature (0.7)")
-    p.add_argument("--top-k", type=int, default=250, help="audio top-k (250)")
-    p.add_argument("--top-k-text", type=int, default=25, help="text top-k (25)")
+    p.add_argument("--temp", type=float, default=d.temp, help=f"audio temperature ({d.temp})")
+    p.add_argument("--temp-text", type=float, default=d.temp_text,
+                   help=f"text temperature ({d.temp_text})")
+    p.add_argument("--top-k", type=int, default=d.top_k, help=f"audio top-k ({d.top_k})")
+    p.add_argument("--top-k-text", type=int, default=d.top_k_text,
+                   help=f"text top-k ({d.top_k_text})")
     _add_runtime_args(p)
 
 
@@ -568,10 +594,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--input", required=True, help="what the user says (audio file)")
     r.add_argument("--output", required=True, help="the model's answer (24 kHz wav, same length)")
     r.add_argument("--text-out", help="per-frame text as JSON (piece, \"PAD\" or \"EPAD\")")
-    r.add_argument("--say", action="append", metavar="TEXT",
+    r.add_argument("--say", action=SayAction, dest="says", metavar="TEXT",
                    help="words the model says, in its voice, through its text stream (may be "
                         "repeated; docs/say.md)")
-    r.add_argument("--say-at", action="append", type=float, metavar="SECONDS",
+    r.add_argument("--say-at", action=SayAction, dest="says", type=float, metavar="SECONDS",
                    help="when the --say before it arrives: the step ceil(SECONDS x 12.5) of the "
                         "input, 0 being the first frame after the persona (default 0)")
     r.add_argument("--realtime", action="store_true",
@@ -697,14 +723,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    """A command line as a user types it (SystemExit, with the usage, where it is wrong)."""
+def with_subcommand(argv: list[str]) -> list[str]:
+    """`argv` with the reference's habit - `--mic` instead of a subcommand - spelled as the
+    subcommand (`aec --mic FILE` is an option of aec)."""
     argv = list(argv)
-    # the reference's habit: `--mic` instead of a subcommand (`aec --mic FILE` is an option)
     if "--mic" in argv and argv[0] != "aec":
         argv.remove("--mic")
         argv.insert(0, "mic")
-    return build_parser().parse_args(argv)
+    return argv
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """A command line as a user types it (SystemExit, with the usage, where it is wrong)."""
+    return build_parser().parse_args(with_subcommand(argv))
 
 
 def main(argv: list[str] | None = None) -> int:

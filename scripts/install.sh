@@ -9,13 +9,17 @@ if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     # PortAudio for sounddevice; speexdsp for the echo canceller and libopus for the server's
     # Opus (both loaded through ctypes);
     # PulseAudio (a null sink and its monitor) for the live-audio test; chromium (headless, the
-    # serve page's browser test) and openssl (its TLS test's certificate); systemd (the
-    # assistant's unit checked by systemd-analyze verify), espeak-ng and sox (its benchmarks'
-    # speech and music); nginx (the manual's fleet recipe, run by a test in front of two
-    # servers: the binary only, see below)
+    # serve page's browser test) and openssl (its TLS test's certificate); systemd and
+    # dbus-daemon (the assistant's unit checked by systemd-analyze verify and started under a
+    # user manager of the test's own), espeak-ng and sox (its benchmarks' speech and music);
+    # nginx (the manual's fleet recipe, run by a test in front of two servers: the binary
+    # only, see below); libogg (an Ogg writer the server's reader is tested against) and
+    # node (stdio's client in another language). In CI a test that skips for one of these
+    # fails (tests/ci_parts.py).
     missing=""
-    for pkg in libsndfile1 libportaudio2 libspeexdsp1 libopus0 pulseaudio pulseaudio-utils \
-               libasound2-plugins chromium openssl systemd espeak-ng sox nginx; do
+    for pkg in libsndfile1 libportaudio2 libspeexdsp1 libopus0 libogg0 pulseaudio \
+               pulseaudio-utils libasound2-plugins chromium openssl systemd dbus-daemon \
+               espeak-ng sox nginx nodejs; do
         dpkg -s "$pkg" >/dev/null 2>&1 || missing="$missing $pkg"
     done
     if [ -n "$missing" ]; then

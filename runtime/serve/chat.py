@@ -20,9 +20,8 @@ from aiohttp import WSMessage, WSMsgType, web
 from . import protocol
 from .lifecycle import Wire, serve_websocket
 from .opus import OpusDecoder, OpusEncoder, OpusError
-from ..say import SayEvent
-from ..say_message import (SayCommand, SayMessageError, event_payload, parse_command,
-                           queued_payload)
+from ..say import SayError, SayEvent
+from ..say_message import SayCommand, event_payload, parse_command, queued_payload
 from .params import ChatParams, parse_params
 from .session import ClientError, Session
 
@@ -68,7 +67,7 @@ class ChatWire(Wire):
     # aiohttp's own limit sits above the protocol's: past it aiohttp closes (1009) before the
     # handler sees the message, so a message just over MAX_MESSAGE_BYTES still gets its ERROR
     max_message_bytes = 4 * protocol.MAX_MESSAGE_BYTES
-    client_errors = (protocol.ProtocolError, OpusError, ClientError, SayMessageError)
+    client_errors = (protocol.ProtocolError, OpusError, ClientError, SayError)
 
     def refusal(self, reason: str, stopping: bool) -> list[bytes | str]:
         return [protocol.error(reason)]

@@ -42,7 +42,7 @@ from personaplex_edge.audio import pcm16_bytes
 from ..pcm_frames import PCM16, PcmFrames
 from .lifecycle import Wire, serve_websocket
 from .params import MAX_TEXT_PROMPT_CHARS, ChatParams, ParamError
-from ..say import SayEvent, Utterance
+from ..say import SayError, SayEvent, Utterance, check_say_text
 from .realtime_events import (MAX_EVENT_BYTES, EventError, Response, ServerEvents,
                               SessionUpdate, SessionView, assistant_item, audio_bytes,
                               beta_requested, new_id, parse, parse_session_update)
@@ -75,7 +75,7 @@ class RealtimeSession(Session):
         self.frames = PcmFrames(self.frame_size)
         self.response: Response | None = None
         self._open_next = True  # the next answer frame opens a response, speech or not
-        self._to_say: list[str] = []  # assistant text items waiting for response.create
+        self._to_say = ""  # assistant text items waiting for response.create, joined
         self._saying = False  # the open (or next) response carries words the client gave
         self._utterance: int | None = None  # the say() behind it, once the tick thread took it
         self._closing: int | None = None  # answer frames until that response is done
@@ -116,13 +116,20 @@ class RealtimeSession(Session):
                 self._saying, self._closing, self._open_next = False, None, True
 
     def add_assistant_text(self, text: str) -> None:
-        self._to_say.append(text)
+        """An assistant item's text, joined to those waiting for response.create; EventError
+        (nothing kept) when together they are more than one say takes."""
+        joined = " ".join(t for t in (self._to_say, text.strip()) if t)
+        if joined:
+            try:
+                check_say_text(joined, "the assistant text waiting for response.create")
+            except SayError as e:
+                raise EventError(str(e), param="item.content") from None
+        self._to_say = joined
 
     def want_response(self) -> None:
         """response.create: with assistant text waiting, a response that says it; else, while
         one is open it is that one, and without one the next frame opens one."""
-        text = " ".join(self._to_say).strip()
-        self._to_say = []
+        text, self._to_say = self._to_say, ""
         if not text:
             if self.response is None:
                 self._open_next = True
@@ -137,6 +144,13 @@ class RealtimeSession(Session):
             self._utterance = utterance.id
             if not utterance.words:  # nothing to wait for
                 self._closing = 1
+
+    def refused(self, reason: str) -> None:
+        """The conversation took none of the words (its queue is full): an error event, and
+        the response goes on as the model's own speech."""
+        if self._saying and self._utterance is None:
+            self._saying, self._closing = False, None
+        self.send(self.events.error(reason, code="say_refused", param="item.content"))
 
     def _word(self, event: SayEvent) -> None:
         if self._saying and event.utterance == self._utterance and event.last:

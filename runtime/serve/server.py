@@ -22,7 +22,6 @@ from typing import Callable
 
 from aiohttp import WSCloseCode, web
 
-from personaplex_edge.contract import AUDIO_NOISE, DEPFORMER_STEP, HELIUM_STEP, TEXT_NOISE
 from personaplex_edge.errors import PersonaPlexError
 from personaplex_edge.runtime.persona import DEFAULT_VOICE, Persona
 from personaplex_edge.runtime.sampling import SamplingParams
@@ -85,14 +84,6 @@ def ssl_context(ssl_dir: Path) -> ssl.SSLContext:
     return ctx
 
 
-def _top_k_max(model) -> tuple[int, int]:
-    graphs = model.manifest.graphs
-
-    def last_dim(graph: str, name: str) -> int:
-        return next(t for t in graphs[graph].inputs if t.name == name).shape[-1]
-    return last_dim(HELIUM_STEP, TEXT_NOISE), last_dim(DEPFORMER_STEP, AUDIO_NOISE)
-
-
 class Server:
     """One server on one loaded model; `start()` binds, `stop()` closes every session."""
 
@@ -126,7 +117,7 @@ class Server:
         conversation with them: a bad flag fails the command, not each client (and the default
         persona's prefill lands in the persona cache, so the first client starts at once)."""
         o, model = self.options, self.model
-        o.sampling.check(*_top_k_max(model))
+        o.sampling.check(*model.top_k_max)
         model.text  # every session's prompt and text need it: a model without one stops here
         conv = model.open_conversation(o.sampling, o.persona)
         try:
@@ -151,7 +142,7 @@ class Server:
             model=model, model_name=o.model_name or Path(o.model_dir).name,
             sampling=o.sampling, persona=o.persona,
             voices=Voices(bank, Path(o.voice_dir) if o.voice_dir else None),
-            top_k_max=_top_k_max(model), ticker=Ticker(step_many, stats), stats=stats,
+            top_k_max=model.top_k_max, ticker=Ticker(step_many, stats), stats=stats,
             prefill_pool=ThreadPoolExecutor(1, thread_name_prefix="personaplex-prefill"),
             max_sessions=o.max_sessions, max_backlog=o.max_backlog, send_queue=o.send_queue,
             auth_token=o.auth_token, allowed_origins=self._origins, default_voice=default_voice,

@@ -4,7 +4,9 @@
 #
 #   sudo scripts/arm64/lane.sh          (CI: .ci/run, after the test suite; root is needed)
 #
-#   1. qemu-user-static, binfmt-support, debootstrap from apt; aarch64 registered with binfmt.
+#   1. qemu-user-static, binfmt-support, debootstrap from apt, and the tools the lane calls on
+#      this side (curl: the servers' health; pgrep, from procps: a server's processes);
+#      aarch64 registered with binfmt.
 #   2. The root, built once by debootstrap into $PERSONAPLEX_ARM64_CACHE (default
 #      /var/cache/personaplex-edge/arm64) with the OS packages docs/jetson.md installs, and
 #      reused while its recipe (this file's package list and suite) is the same; pip's cache
@@ -44,7 +46,7 @@ die() { say "FAILED: $*"; exit 1; }
 
 # -- 1. qemu-user and binfmt -----------------------------------------------------------------
 missing=""
-for pkg in qemu-user-static binfmt-support debootstrap; do
+for pkg in qemu-user-static binfmt-support debootstrap curl procps; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing="$missing $pkg"
 done
 if [ -n "$missing" ]; then
