@@ -633,6 +633,7 @@ def test_control_socket_sighup_and_sigterm(service, tmp_path):
     service.notify.wait(lambda m: "RELOADING=1" in m, timeout=10)
     reloaded = c.event("reloaded", timeout=10)[2]
     assert reloaded["next_conversation"] == ["persona.text_prompt"]
+    service.wait_played()  # else the rest of the speech may wake it first (reason "speech")
     c.command("sleep")
     new = c.event("conversation", timeout=10, text_prompt="You answer in riddles.")[2]
     assert new["persona_cached"] is False  # a persona the model had never run
