@@ -214,7 +214,7 @@ async def call(url: str, pcm24: np.ndarray, *, token: str | None = None,
         hdrs["Authorization"] = f"Bearer {token}"
     async with aiohttp.ClientSession() as http:
         if session is not None:
-            form = aiohttp.FormData()
+            form = aiohttp.FormData(default_to_multipart=True)
             form.add_field("sdp", sdp)
             form.add_field("session", json.dumps(session))
             post = http.post(url.rstrip("/") + "/v1/realtime/calls", data=form, headers=hdrs)

@@ -9,7 +9,8 @@ if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     # PortAudio for sounddevice; speexdsp for the echo canceller and libopus for the server's
     # Opus (both loaded through ctypes);
     # PulseAudio (a null sink and its monitor) for the live-audio test; chromium (headless, the
-    # serve page's browser test) and openssl (its TLS test's certificate); systemd and
+    # serve page's browser test; iproute2 brings up the loopback of the network namespace its
+    # WebRTC calls run in) and openssl (its TLS test's certificate); systemd and
     # dbus-daemon (the assistant's unit checked by systemd-analyze verify and started under a
     # user manager of the test's own), espeak-ng and sox (its benchmarks' speech and music);
     # nginx (the manual's fleet recipe, run by a test in front of two servers: the binary
@@ -18,7 +19,7 @@ if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     # fails (tests/ci_parts.py).
     missing=""
     for pkg in libsndfile1 libportaudio2 libspeexdsp1 libopus0 libogg0 pulseaudio \
-               pulseaudio-utils libasound2-plugins chromium openssl systemd dbus-daemon \
+               pulseaudio-utils libasound2-plugins chromium iproute2 openssl systemd dbus-daemon \
                espeak-ng sox nginx nodejs; do
         dpkg -s "$pkg" >/dev/null 2>&1 || missing="$missing $pkg"
     done
@@ -62,8 +63,8 @@ else
 fi
 # The runtime with onnxruntime for the CPU (the `cpu` extra: never beside onnxruntime-gpu),
 # the export, the tests (and mkdocs-material, which builds the manual under docs/), the sound
-# devices, the server and the assistant.
-python -m pip install -q -e ".[cpu,export,dev,audio,serve,assistant]"
+# devices, the server with its WebRTC calls, and the assistant.
+python -m pip install -q -e ".[cpu,export,dev,audio,serve,webrtc,assistant]"
 # The test reference. It pins torch<2.10, so it goes in without its dependencies (the light
 # ones are in the dev extra).
 python -m pip install -q --no-deps "moshi==0.2.13"

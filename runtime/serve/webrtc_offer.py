@@ -34,7 +34,7 @@ async def read_offer(request: web.Request) -> tuple[str, dict]:
     """The posted SDP and the form's session ({} when none); OfferError for a body that is
     neither form."""
     kind = request.content_type
-    if kind == "multipart/form-data":
+    if kind in ("multipart/form-data", "application/x-www-form-urlencoded"):
         form = await request.post()
         sdp, session = form.get("sdp"), form.get("session")
         sdp = _text(sdp, "sdp")
