@@ -149,3 +149,24 @@ def test_openai_browser_quickstart_calls_the_server(demo_model_dir, tmp_path):
     assert summary["protocol"] == "webrtc" and summary["lost"] == 0
     assert 0 < summary["clock_gap_max_ms"] < 160
     assert r["freed_s"] < 2.0 and r["slots_used"] == 0
+
+
+def test_the_page_talks_over_webrtc(demo_model_dir, tmp_path):
+    """The page's transport set to WebRTC (call.js): the persona chosen on the page is the
+    call's, the answer is heard and its transcript shown, Stop frees the slot."""
+    pytest.importorskip("aiortc", reason="the webrtc extra (scripts/install.sh installs it)")
+    scene = Path(__file__).parent / "browser" / "webrtc_call.py"
+    out = tmp_path / "scene"
+    done = subprocess.run(_in_own_network([sys.executable, str(scene), str(demo_model_dir),
+                                           str(out), "3", "page"]),
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    r = json.loads((out / "result.json").read_text())
+    page = r["page"]
+    assert page["error"] is None and page["transport"] == "webrtc", r
+    assert r["voices"] == ["NATM1"]  # the selector's voice, in the call's session
+    assert page["samplesAnswered"] >= 3 * 24000 and page["answerEnergy"] > 0
+    assert page["textPieces"] > 0 and r["shown"] == page["text"] != ""
+    assert page["latencyMs"] is not None and 0 <= page["latencyMs"] < 100  # RTT on loopback
+    assert r["summary"]["protocol"] == "webrtc"
+    assert r["freed_s"] < 2.0 and r["slots_used"] == 0

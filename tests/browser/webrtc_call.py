@@ -5,7 +5,9 @@ ephemeral key as Bearer, setRemoteDescription of the answer), then reads what it
 peer connection's own stats and the events from the channel. The ephemeral key is made the way
 an app's backend makes it (POST /v1/realtime/client_secrets with the server's token).
 
-    python tests/browser/webrtc_call.py MODEL_DIR OUT_DIR [SECONDS]
+    python tests/browser/webrtc_call.py MODEL_DIR OUT_DIR [SECONDS] [page]
+
+`page`: the server's own page (/) instead, its transport set to WebRTC: the page's call.js.
 
 Run by test_serve_browser.py, inside a network namespace of its own where it can (only a
 loopback there: the call cannot leave this machine). Writes OUT_DIR/result.json and the frames
@@ -111,15 +113,39 @@ async def scene(srv, seconds: float) -> dict:
         return {"heard": heard, "freed_s": freed, "console": page.console[-20:], **rtc}
 
 
+async def page_scene(srv, seconds: float) -> dict:
+    """The page's Talk over WebRTC, with a voice picked in its selector."""
+    async with Chromium(fake_audio=HELLO, flags=FLAGS) as browser:
+        page = await browser.page()
+        await page.goto(srv.url + f"?token={TOKEN}")
+        await page.wait_for("document.getElementById('voice').options.length > 0")
+        await page.evaluate("document.getElementById('voice').value = 'NATM1';"
+                            "document.getElementById('transport').value = 'webrtc';"
+                            "document.getElementById('connect').click()")
+        await page.wait_for("window.personaplex.error || window.personaplex.handshake",
+                            timeout=20)
+        await page.wait_for(f"window.personaplex.error || window.personaplex.samplesAnswered "
+                            f">= {seconds} * 24000", timeout=seconds + 20)
+        voices = [s.params.persona.voice for s in list(srv.state.sessions) if s.params]
+        both = await page.evaluate("({state: window.personaplex, shown: "
+                                   "document.getElementById('text').textContent})")
+        await page.evaluate("document.getElementById('connect').click()")  # Stop
+        t0 = time.monotonic()
+        wait_until(lambda: srv.state.slots_used == 0, 5)
+        return {"page": both["state"], "shown": both["shown"], "voices": voices,
+                "freed_s": time.monotonic() - t0, "console": page.console[-20:]}
+
+
 def main() -> int:
     model_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
     seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 6.0
+    run = page_scene if sys.argv[4:5] == ["page"] else scene
     out.mkdir(parents=True, exist_ok=True)
     options = ServeOptions(model_dir, port=0, auth_token=TOKEN,
                            sampling=SamplingParams(greedy=True), max_backlog=100_000)
     with ServerThread(options) as srv:
         tap = ModelInput(srv)
-        result = asyncio.run(scene(srv, seconds))
+        result = asyncio.run(run(srv, seconds))
         result["summary"] = srv.history()[-1] if srv.history() else None
         result["slots_used"] = srv.state.slots_used
         frames = next(iter(tap.frames.values()), [])
