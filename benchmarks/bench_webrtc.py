@@ -10,8 +10,8 @@ real time.
 
 Mouth to ear, both paths measured alike: from the moment a client hands the last sample of an
 80 ms frame to its transport (the WebSocket's append sent; the call's RTP packet handed to
-aiortc) to the moment the last sample of that frame's answer arrives (the audio delta; the RTP
-packet), so neither side's playout buffer counts. The call's jitter buffer, resampling, Opus
+aiortc) to the moment the first sample of that frame's answer arrives (the audio delta; the RTP
+packet), from when it can play; neither side's playout buffer counts. The call's jitter buffer, resampling, Opus
 both ways and packet pacing are in it; the WebSocket's PCM16 in JSON is in the other.
 
 The client injects loss and jitter itself (`--loss`, `--jitter-ms`): each outgoing RTP packet
@@ -35,7 +35,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_serve import FRAME, FRAME_S, RATE, ServerThread, log, speech, talk_realtime  # noqa: E402
+from bench_serve import (FRAME, FRAME_S, RATE, ServerThread, log, speech,  # noqa: E402
+                         talk_realtime, wait_until)
 
 CALL_RATE = 48000
 PACKET = 960  # 20 ms at 48 kHz
@@ -61,9 +62,9 @@ class CallResult:
                        if e["type"] == "response.output_audio_transcript.delta")
 
     def mouth_to_ear_ms(self, skipped_frames: int) -> np.ndarray:
-        """Per answer frame k: its last sample's arrival - the sending of the last sample of
+        """Per answer frame k: its first sample's arrival - the sending of the last sample of
         the input frame it answers (k + `skipped_frames`: what the server dropped while its
-        persona was prefilled)."""
+        persona was prefilled). The first sample: from then on the frame can play."""
         if not self.heard_at:
             return np.zeros(0)
         arrivals = np.array([t for t, _ in self.heard_at])
@@ -71,7 +72,7 @@ class CallResult:
         out = []
         per_frame = FRAME * CALL_RATE // RATE // PACKET  # 4 packets a frame
         for k in range(int(heard[-1]) // FRAME):
-            i = int(np.searchsorted(heard, (k + 1) * FRAME))
+            i = int(np.searchsorted(heard, k * FRAME, side="right"))
             last_packet = (k + skipped_frames + 1) * per_frame - 1
             if i < len(arrivals) and last_packet < len(self.sent_at):
                 out.append(1000.0 * (arrivals[i] - self.sent_at[last_packet]))
@@ -117,12 +118,15 @@ def speech_track(pcm24: np.ndarray, result: CallResult):
     return SpeechTrack(), pcm16.shape[0] // PACKET
 
 
-def lossy(dtls, loss: float, jitter_ms: float, rng: random.Random, result: CallResult) -> None:
+def lossy(dtls, loss: float, jitter_ms: float, rng: random.Random, result: CallResult,
+          blackout: tuple[float, float] | None = None) -> None:
     """The client's outgoing RTP (not RTCP) through a bad network: dropped with probability
-    `loss`, the rest each delayed by a uniform 0..jitter_ms."""
+    `loss`, the rest each delayed by a uniform 0..jitter_ms; `blackout` (start, seconds after
+    the first packet): every packet in that window dropped, as a network that stalls."""
     send = dtls._send_rtp
     loop = asyncio.get_running_loop()
     pending: set[asyncio.Task] = set()
+    first: list[float] = []
 
     async def later(data: bytes, delay: float) -> None:
         await asyncio.sleep(delay)
@@ -136,7 +140,10 @@ def lossy(dtls, loss: float, jitter_ms: float, rng: random.Random, result: CallR
             await send(data)
             return
         result.packets_sent += 1
-        if rng.random() < loss:
+        first[:] = first or [loop.time()]
+        in_blackout = blackout is not None and \
+            blackout[0] <= loop.time() - first[0] < blackout[0] + blackout[1]
+        if in_blackout or rng.random() < loss:
             result.packets_dropped += 1
             return
         if jitter_ms <= 0:
@@ -152,6 +159,7 @@ def lossy(dtls, loss: float, jitter_ms: float, rng: random.Random, result: CallR
 async def call(url: str, pcm24: np.ndarray, *, token: str | None = None,
                session: dict | None = None, channel: bool = True, tail_s: float = 1.0,
                loss: float = 0.0, jitter_ms: float = 0.0, seed: int = 0,
+               blackout: tuple[float, float] | None = None,
                send_update: dict | None = None, hang_up: str = "close",
                headers: dict | None = None, offer_filter=None) -> CallResult:
     """One call: offers an Opus track (and the `oai-events` channel, unless `channel` is
@@ -236,8 +244,8 @@ async def call(url: str, pcm24: np.ndarray, *, token: str | None = None,
                     if m.kind == "audio" for c in m.rtp.codecs if c.name.lower() == "opus")
         tap_rtp(audio_t.receiver, opus, heard)
         sender = audio_t.sender
-        if loss or jitter_ms:
-            lossy(sender.transport, loss, jitter_ms, random.Random(seed), res)
+        if loss or jitter_ms or blackout:
+            lossy(sender.transport, loss, jitter_ms, random.Random(seed), res, blackout)
         await asyncio.wait_for(connected.wait(), 10)
         deadline = time.perf_counter() + packets * PACKET / CALL_RATE + tail_s
         while time.perf_counter() < deadline:
@@ -288,6 +296,7 @@ def _cpu_seconds() -> float:
 def latency(url: str, srv, pcm: np.ndarray, loss: float, jitter_ms: float) -> dict:
     """One call and one WebSocket session on the same speech: mouth to ear of each."""
     res = asyncio.run(call(url, pcm, tail_s=1.0, loss=loss, jitter_ms=jitter_ms))
+    wait_until(lambda: srv.state.slots_used == 0, 10)
     summary = srv.history()[-1]
     skipped = summary["dropped"]
     rtc = res.mouth_to_ear_ms(skipped)[12:]  # past the first second
@@ -295,9 +304,10 @@ def latency(url: str, srv, pcm: np.ndarray, loss: float, jitter_ms: float) -> di
     ws_ms = np.asarray(ws.round_trip_ms[12:])
     return {"webrtc_ms": _pcts(rtc), "websocket_ms": _pcts(ws_ms),
             "added_ms_p50": float(np.percentile(rtc, 50) - np.percentile(ws_ms, 50)),
-            "jitter_buffer_ms": {"depth_p50": summary["depth_ms"], "target": summary["target_ms"]},
+            "jitter_buffer_ms": {"depth_mean": summary["depth_mean_ms"],
+                                 "target_at_end": summary["target_ms"]},
             "call": {k: summary[k] for k in ("lost", "fec", "late", "underruns", "concealed",
-                                             "concealed_ms", "out_silence", "clock_gap_max_ms",
+                                             "concealed_ms", "out_crowded", "clock_gap_max_ms",
                                              "rtt_ms", "jitter_ms", "frames", "dropped")},
             "client": {"packets_sent": res.packets_sent, "dropped": res.packets_dropped}}
 
@@ -318,6 +328,7 @@ def held(url: str, srv, pcm: np.ndarray, calls: int) -> dict:
     results = asyncio.run(many())
     wall = time.perf_counter() - t0
     cpu = _cpu_seconds() - c0
+    wait_until(lambda: srv.state.slots_used == 0, 10)
     summaries = srv.history()[-calls:]
     ok = all(r.status == 201 for r in results) and all(
         s["frame_p99_ms"] < 1000 * FRAME_S and s["clock_gap_max_ms"] < 2 * 1000 * FRAME_S

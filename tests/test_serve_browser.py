@@ -147,7 +147,7 @@ def test_openai_browser_quickstart_calls_the_server(demo_model_dir, tmp_path):
     assert prefix_matches(transcript, pieces, at_least) is not None, (transcript, "".join(pieces))
     summary = r["summary"]
     assert summary["protocol"] == "webrtc" and summary["lost"] == 0
-    assert 0 < summary["clock_gap_max_ms"] < 160
+    assert 0 < summary["clock_gap_max_ms"] < 300
     assert r["freed_s"] < 2.0 and r["slots_used"] == 0
 
 

@@ -120,18 +120,19 @@ def test_a_call_is_answered_as_run_greedy_answers(srv, demo_model_dir, tmp_path)
     assert summary["protocol"] == "webrtc"
     assert summary["lost"] == 0 and summary["late"] == 0 and summary["played"] > 200
     assert summary["rtt_ms"] is not None and 0 <= summary["rtt_ms"] < 100
-    assert 0 < summary["clock_gap_max_ms"] < 160  # the model's clock: one frame per 80 ms
+    assert 0 < summary["clock_gap_max_ms"] < 300  # the model's clock: a frame per 80 ms
     assert udp_sockets() == udp_before
 
 
 @pytest.mark.parametrize("loss", [0.05, 0.20])
 def test_a_lossy_jittery_network_is_concealed_and_counted(srv, loss):
-    """The client drops `loss` of its RTP packets and delays the rest by 0-40 ms (reordering
-    them): the call holds, the model's frame clock never stalls, the server's lost + late count
-    is the client's drop count (give or take the reordered), each concealed, in /metrics too."""
+    """The client drops `loss` of its RTP packets, delays the rest by 0-40 ms (reordering
+    them), and its network stalls for half a second: the call holds, the model's frame clock
+    never waits (no gap near the stall's length), the server's lost + late count is the
+    client's drop count (give or take the reordered), each concealed, in /metrics too."""
     lost_before = metric(srv, "personaplex_webrtc_rtp_packets_total", outcome="lost")
     res = asyncio.run(call(srv.url, speech(3.0), token=TOKEN, tail_s=0.5, loss=loss,
-                           jitter_ms=40.0, seed=int(loss * 100)))
+                           jitter_ms=40.0, seed=int(loss * 100), blackout=(1.5, 0.5)))
     settle(srv)
     assert res.status == 201, res.error
     summary = srv.history()[-1]
@@ -139,13 +140,16 @@ def test_a_lossy_jittery_network_is_concealed_and_counted(srv, loss):
     assert not [e for e in res.events if e["type"] == "error"]
     # the answer kept coming: 3.5 s of call, less the prefill
     assert res.audio.shape[0] >= 2.5 * 24000
-    # the clock: a frame every 80 ms whatever the network did
-    assert summary["clock_gap_max_ms"] < 160, summary
+    # the clock: a frame every 80 ms whatever the network did; a clock that waited for the
+    # network would have stopped for the 500 ms stall (the bound leaves room for a busy CPU)
+    assert summary["clock_gap_max_ms"] < 300, summary
     assert summary["clock_frames"] >= 3.0 / 0.08
-    missing = summary["lost"] + summary["late"]
+    missing = summary["lost"] + summary["late"] + summary["discarded"]
     assert abs(missing - res.packets_dropped) <= 0.5 * res.packets_dropped + 3, summary
-    assert summary["concealed"] >= summary["lost"] > 0
-    assert summary["concealed_ms"] >= 20 * summary["lost"]
+    assert summary["lost"] > 0 and summary["concealed"] > 0
+    assert summary["concealed_ms"] >= 20 * summary["concealed"]
+    # the stall's half second did not stay as latency: the buffer snapped back
+    assert summary["depth_mean_ms"] < 120, summary
     assert 20 <= summary["target_ms"] <= 200
     assert metric(srv, "personaplex_webrtc_rtp_packets_total", outcome="lost") - lost_before \
         == summary["lost"]
@@ -420,7 +424,8 @@ def test_the_jitter_buffer_conceals_loss_with_fec_and_keeps_time():
     played = np.concatenate(out)
     s = jb.stats
     assert s.lost == len([q for q in lost if q < len(out)]) and s.fec == s.lost
-    assert s.underruns == 0 and s.late == 0 and s.played + s.lost == len(out)
+    assert s.underruns == 0 and s.late == 0 and s.played + s.concealed == len(out)
+    assert s.concealed == s.lost
     with_fec = _decoded(packets, lost, fec=True)[:played.shape[0]]
     np.testing.assert_array_equal(played, with_fec)
     clean = _decoded(packets, set(), fec=False)[:played.shape[0]]
@@ -450,7 +455,7 @@ def test_the_jitter_buffer_reorders_drops_late_and_grows_with_jitter():
         if now > 6:
             break
     s = jb.stats
-    assert s.played + s.lost + s.underruns == pulls  # a turn per pull
+    assert s.played + s.concealed == pulls  # a turn per pull
     assert s.played > 0.8 * len(packets)
     assert s.jitter_ms > 5 and s.target_ms > 20  # it measured the jitter and aimed above it
     # duplicates and packets after their turn are dropped and counted

@@ -3,7 +3,7 @@
 and a web page at `/`.
 
 What this room may import: aiohttp (HTTP and WebSocket), the system's libopus through
-ctypes, prometheus-client (the `/metrics` text), soxr, aiortc and PyAV (webrtc_call and
+ctypes, prometheus-client (the `/metrics` text), aiortc and PyAV (webrtc_call and
 webrtc_media only, imported when a call comes) and the runtime - never torch.
 
     protocol         moshi's binary message kinds and their framing
@@ -22,7 +22,6 @@ webrtc_media only, imported when a call comes) and the runtime - never torch.
     webrtc_call      one call: the Realtime session on its data channel and Opus track
     webrtc_media     a call's audio both ways: RTP tap, playout clock, paced answer track
     jitter           the jitter buffer: packets in, samples out, loss concealed and counted
-    resample         48 kHz <-> the model's 24 kHz frames, statefully (soxr)
     ice              a call's candidates: the server's own addresses; STUN/TURN if configured
     call_stats       Prometheus metrics of calls: round trip, jitter, loss, concealment
     ticker           the one thread that steps every conversation (lockstep, via step_many)

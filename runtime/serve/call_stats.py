@@ -1,6 +1,6 @@
 """The Prometheus metrics of WebRTC calls, on the server's registry (stats.py): what the network
 did to them (round trip, jitter, loss, late packets), what the jitter buffer did about it
-(concealed packets, FEC, its depth), what the way out did (silent slots), and calls that never
+(concealed packets, FEC, its depth), what the way out did (packets dropped), and calls that never
 connected or whose peer vanished."""
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ class CallMetrics:
         self.concealed = Counter("personaplex_webrtc_concealed_packets",
                                  "20 ms packets the model heard concealed (lost or underrun), "
                                  "by how (fec, plc)", ["how"], registry=r)
-        self.silence = Counter("personaplex_webrtc_out_silence_packets",
-                               "Outbound slots with no answer ready (silence sent)", registry=r)
+        self.dropped_out = Counter("personaplex_webrtc_out_dropped_packets",
+                                   "Outbound packets dropped from a queue grown past 0.2 s",
+                                   registry=r)
         self.rtt = Histogram("personaplex_webrtc_rtt_seconds",
                              "Round trip to the peer (RTCP), sampled each second per call",
                              buckets=_NET_BUCKETS, registry=r)
@@ -50,9 +51,9 @@ class CallMetrics:
             self.concealed.labels(how="fec").inc(fec)
         if plc > 0:
             self.concealed.labels(how="plc").inc(plc)
-        silence = now["out_silence"] - before.get("out_silence", 0)
-        if silence > 0:
-            self.silence.inc(silence)
+        dropped = now["out_dropped"] - before.get("out_dropped", 0)
+        if dropped > 0:
+            self.dropped_out.inc(dropped)
 
     def sample(self, figures: dict) -> None:
         if figures.get("rtt_ms") is not None:

@@ -7,13 +7,17 @@ The clock never waits on the network. Each pull takes the next packet by sequenc
     missing, a later one there  -> lost: concealed from the next packet's forward error
                                    correction copy (FEC) where it carries one, else by the
                                    codec's loss concealment (PLC); its turn is over (a packet
-                                   that comes after its turn is late, and dropped)
+                                   that comes after its turn is late, and dropped). Turns the
+                                   underruns below already concealed are not concealed twice:
+                                   after a stall the buffer is as deep as before it
     missing, nothing after it   -> an underrun: concealed, its turn kept (the buffer grows by
-                                   one packet: it adapts to the network's jitter)
+                                   one packet if the packet was only late: it adapts to the
+                                   network's jitter)
 
 and the buffer shrinks back: when for a whole second it never held less than its target plus
-a packet, its oldest packet is discarded. The target follows the measured interarrival jitter
-(RFC 3550's estimate). Every outcome is counted (`JitterStats`), so /metrics and the session's
+a packet, its oldest packet is discarded; when it holds more than SNAP_MS over its target (a
+burst after a stall), the oldest are discarded at once down to the target. The target follows
+the measured interarrival jitter (RFC 3550's estimate). Every outcome is counted (`JitterStats`), so /metrics and the session's
 stats say what the network did to a call and what the model heard instead.
 """
 
@@ -31,6 +35,7 @@ MIN_TARGET_MS = 20.0  # one packet: arrival is never perfectly even
 MAX_TARGET_MS = 200.0  # past this the network is too bad to hide: latency stays bounded
 START_MS = 40.0  # buffered before the first pull plays, while the jitter is not known yet
 SHRINK_WINDOW_MS = 1000.0  # a depth held this long above the target is latency to give back
+SNAP_MS = 100.0  # this much over the target is given back at once
 RESYNC_PACKETS = 1000  # a jump this far in sequence is a new stream, not loss
 MAX_GAP_MS = 1000.0  # a timestamp gap (the sender's DTX) is filled with at most this much
 
@@ -39,35 +44,40 @@ MAX_GAP_MS = 1000.0  # a timestamp gap (the sender's DTX) is filled with at most
 class JitterStats:
     received: int = 0  # packets that arrived
     played: int = 0  # decoded in their turn
-    lost: int = 0  # never there in their turn: concealed
+    lost: int = 0  # never there in their turn (concealed, or covered by an underrun's)
     fec: int = 0  # of the lost, rebuilt from the next packet's FEC data
     late: int = 0  # arrived after their turn, dropped
     duplicate: int = 0
     underruns: int = 0  # nothing to play: a concealed packet while waiting
     discarded: int = 0  # dropped to bring the depth back to the target
+    concealed: int = 0  # turns the model heard concealed (lost or underrun)
     concealed_ms: float = 0.0  # audio the model heard that did not come from the peer
     jitter_ms: float = 0.0  # RFC 3550 interarrival jitter
     depth_ms: float = 0.0  # audio waiting now
     target_ms: float = START_MS
+    pulls: int = 0  # the playout clock's pulls since the start
+    depth_total_ms: float = 0.0  # the depth after each pull, summed
 
     @property
-    def concealed(self) -> int:
-        """Packets whose turn was filled by concealment (lost or underrun)."""
-        return self.lost + self.underruns
+    def depth_mean_ms(self) -> float:
+        """The depth the clock's pulls left, on average: the latency the buffer adds."""
+        return self.depth_total_ms / self.pulls if self.pulls else 0.0
 
     def as_dict(self) -> dict:
         out = asdict(self)
-        out["concealed"] = self.concealed
+        out["depth_mean_ms"] = self.depth_mean_ms
         return out
 
 
 class JitterBuffer:
-    """Packets of one Opus stream in (`push`), 48 kHz (the decoder's rate) samples out
-    (`pull`). Not thread-safe: one event loop pushes and pulls."""
+    """Packets of one Opus stream in (`push`), samples at the decoder's rate out (`pull`);
+    RTP timestamps count at `clock_rate` (Opus's is 48 kHz whatever rate it is decoded at).
+    Not thread-safe: one event loop pushes and pulls."""
 
-    def __init__(self, decoder: libopus.Decoder):
+    def __init__(self, decoder: libopus.Decoder, clock_rate: int = 48000):
         self.decoder = decoder
         self.rate = decoder.rate
+        self.clock_rate = clock_rate
         self.stats = JitterStats()
         self._packets: dict[int, tuple[int, bytes]] = {}  # extended seq -> (timestamp, payload)
         self._highest: int | None = None  # extended seq of the newest packet
@@ -80,6 +90,7 @@ class JitterBuffer:
         self._last_arrival: tuple[float, int] | None = None  # (seconds, timestamp)
         self._window_ms = 0.0
         self._window_min_ms = float("inf")
+        self._owed = 0  # underrun turns concealed since a packet was last played or lost
 
     # -- in ---------------------------------------------------------------------------------------
     def push(self, seq: int, timestamp: int, payload: bytes, arrival: float) -> None:
@@ -117,7 +128,7 @@ class JitterBuffer:
     def _update_jitter(self, arrival: float, timestamp: int) -> None:
         if self._last_arrival is not None:
             last_arrival, last_ts = self._last_arrival
-            sent = ((timestamp - last_ts) % TS_MOD) / self.rate
+            sent = ((timestamp - last_ts) % TS_MOD) / self.clock_rate
             d = abs((arrival - last_arrival) - sent)
             self.stats.jitter_ms += (1000.0 * d - self.stats.jitter_ms) / 16.0
         self._last_arrival = (arrival, timestamp)
@@ -158,6 +169,8 @@ class JitterBuffer:
         self._pcm[:rest] = self._pcm[samples:self._filled]
         self._filled = rest
         self._update_depth()
+        self.stats.pulls += 1
+        self.stats.depth_total_ms += self.stats.depth_ms
         self._maybe_shrink(1000.0 * samples / self.rate)
         return out
 
@@ -169,6 +182,7 @@ class JitterBuffer:
         if packet is not None:
             timestamp, payload = packet
             gap = 0 if self._next_ts is None else (timestamp - self._next_ts) % TS_MOD
+            gap = gap * self.rate // self.clock_rate
             gap -= gap % (self.rate // 400)  # what concealment takes: whole 2.5 ms steps
             if 0 < gap <= MAX_GAP_MS * self.rate / 1000.0:
                 # the sender skipped time (discontinuous transmission): its silence, concealed
@@ -185,20 +199,33 @@ class JitterBuffer:
                 self._packet_samples = n
                 self._filled += n
                 s.played += 1
-            self._next_ts = (timestamp + self._packet_samples) % TS_MOD
+            self._next_ts = (timestamp + self._ticks(self._packet_samples)) % TS_MOD
             self._expected += 1
+            self._owed = 0
             return
         if self._highest is not None and self._highest > self._expected:
+            if self._owed:  # its time was concealed already, by an underrun
+                self._owed -= 1
+                s.lost += 1
+                self._expected += 1
+                if self._next_ts is not None:
+                    self._next_ts = (self._next_ts + self._ticks(self._packet_samples)) % TS_MOD
+                return
             following = self._packets.get(self._expected + 1)
             self._conceal(self._packet_samples, following[1] if following else None)
             s.lost += 1
             s.fec += following is not None
             if self._next_ts is not None:
-                self._next_ts = (self._next_ts + self._packet_samples) % TS_MOD
+                self._next_ts = (self._next_ts + self._ticks(self._packet_samples)) % TS_MOD
             self._expected += 1
             return
         s.underruns += 1
+        self._owed += 1
         self._conceal(self._packet_samples, None)
+
+    def _ticks(self, samples: int) -> int:
+        """Samples at the decoder's rate -> RTP timestamp ticks."""
+        return samples * self.clock_rate // self.rate
 
     def _conceal(self, samples: int, next_packet: bytes | None, count: bool = True) -> int:
         room = self._pcm[self._filled:]
@@ -209,20 +236,27 @@ class JitterBuffer:
             n = samples
         self._filled += n
         if count:
+            self.stats.concealed += 1
             self.stats.concealed_ms += 1000.0 * n / self.rate
         return n
 
     def _maybe_shrink(self, ms: float) -> None:
         s = self.stats
+        packet_ms = 1000.0 * self._packet_samples / self.rate
+        while s.depth_ms > s.target_ms + SNAP_MS and self._expected in self._packets:
+            self._discard()
         self._window_min_ms = min(self._window_min_ms, s.depth_ms)
         self._window_ms += ms
         if self._window_ms < SHRINK_WINDOW_MS:
             return
         excess = self._window_min_ms - s.target_ms
         self._window_ms, self._window_min_ms = 0.0, float("inf")
-        if excess > 1000.0 * self._packet_samples / self.rate and self._expected in self._packets:
-            del self._packets[self._expected]
-            self._expected += 1
-            self._next_ts = None  # the discarded packet's time is not a gap to fill
-            s.discarded += 1
-            self._update_depth()
+        if excess > packet_ms and self._expected in self._packets:
+            self._discard()
+
+    def _discard(self) -> None:
+        del self._packets[self._expected]
+        self._expected += 1
+        self._next_ts = None  # the discarded packet's time is not a gap to fill
+        self.stats.discarded += 1
+        self._update_depth()

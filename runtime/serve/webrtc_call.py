@@ -61,13 +61,13 @@ class CallSession(RealtimeSession):
 
     def send_audio(self, pcm: np.ndarray) -> None:
         self._spoke = True
-        self.owner.out.put(pcm, self.sample_rate)
+        self.owner.out.put(pcm)
 
     def _answer(self, pcm: np.ndarray, piece: str) -> None:
         self._spoke = False
         super()._answer(pcm, piece)
         if not self._spoke:  # a cancelled response: silence in its place keeps time
-            self.owner.out.put(np.zeros_like(pcm), self.sample_rate)
+            self.owner.out.put(np.zeros_like(pcm))
 
     def receive_audio(self, data: bytes) -> int:
         raise EventError("input_audio_buffer.append: a call's audio comes on its RTP track, "
@@ -197,8 +197,8 @@ class Call:
         self.wire = CallWire(request, self, start)
         self.session: CallSession = open_session(state, self.wire, self.peer)  # EventError
         self.pc = RTCPeerConnection(state.ice.configuration())
-        self.out = AnswerTrack()
         model = state.model
+        self.out = AnswerTrack(model.sample_rate)
         self.inbound = RtpIn(model.sample_rate, model.frame_size, self._frames)
         self.task: asyncio.Task | None = None  # run(), once answered
         self.rtt_ms: float | None = None
@@ -333,11 +333,12 @@ class Call:
         out = self.out.stats
         return {"rtt_ms": None if self.rtt_ms is None else round(self.rtt_ms, 2),
                 "jitter_ms": round(j["jitter_ms"], 2), "depth_ms": round(j["depth_ms"], 2),
+                "depth_mean_ms": round(j["depth_mean_ms"], 2),
                 "target_ms": round(j["target_ms"], 2), "received_packets": j["received"],
                 **{k: j[k] for k in ("played", "lost", "late", "duplicate", "discarded", "fec",
                                      "underruns", "concealed")},
                 "concealed_ms": round(j["concealed_ms"], 1), "out_packets": out.packets,
-                "out_silence": out.silence, "out_dropped": out.dropped,
+                "out_crowded": out.crowded, "out_dropped": out.dropped,
                 "clock_frames": self.inbound.frames,
                 "clock_gap_max_ms": round(self.inbound.clock_gap_max_ms, 2)}
 

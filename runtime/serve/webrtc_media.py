@@ -1,16 +1,24 @@
 """A call's audio, both ways, on one Opus track at 48 kHz.
 
     in:   RTP packets (aiortc's receiver, tapped)  ->  the jitter buffer (jitter.py)  ->  the
-          playout clock, every 20 ms of this machine's time: 960 samples, decoded or concealed
-          ->  48 -> 24 kHz  ->  whole 1920-sample frames  ->  the session's backlog
-    out:  the model's answer frames  ->  24 -> 48 kHz  ->  20 ms Opus packets (libopus, inband
-          FEC on)  ->  aiortc's sender, one packet per 20 ms slot from the first answer on; a
-          slot with no answer ready plays silence, counted
+          playout clock, every 20 ms of this machine's time: 20 ms decoded or concealed at the
+          model's 24 kHz  ->  whole 1920-sample frames  ->  the session's backlog
+    out:  the model's answer frames  ->  20 ms Opus packets of 24 kHz audio (libopus, inband
+          FEC on)  ->  aiortc's sender: each answer frame spread over the 80 ms it stands for
+          from the moment it is ready (its first packet at once, one every 20 ms after), its
+          RTP time contiguous with the last. So the way out is paced by the frame clock: a
+          late answer goes out late (the peer's jitter buffer absorbs it) and costs no latency
+          after it, and nothing is added that the model did not say
 
 So the model's frame clock is this machine's, never the network's: the playout clock pushes a
 frame every 80 ms whatever arrives, and what does not arrive in time is concealed. aiortc does
 the ICE, DTLS, SRTP and RTCP; the packets' payloads are decoded here (not by aiortc's own
 receive path, whose jitter buffer waits for a lost packet instead of concealing it).
+
+The track is Opus at 48 kHz as RTP and SDP know it (every Opus stream's clock); libopus codes
+it from and decodes it to 24 kHz itself, statefully: CELT simply leaves out the bands above
+12 kHz and SILK works below 8 kHz anyway, so no resampler sits on either way (a linear-phase
+one, soxr's HQ, costs 32 ms each way: docs/measured.md).
 """
 
 from __future__ import annotations
@@ -29,23 +37,22 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from . import libopus
 from .jitter import JitterBuffer
-from .resample import CALL_RATE, Downsampler, Upsampler
 
 log = logging.getLogger("personaplex_edge.serve")
 
+CLOCK_RATE = 48000  # Hz: the RTP timestamps of every Opus stream
 PACKET_S = 0.02  # the Opus packets this server sends, and its playout clock's step
-PACKET_SAMPLES = int(CALL_RATE * PACKET_S)  # 960
 MAX_CLOCK_LAG_S = 0.2  # an event loop held up longer than this skips, rather than bursts
-OUT_GRACE_S = 0.01  # how long an output slot waits for a late answer before silence
-MAX_OUT_QUEUE = 25  # 20 ms packets waiting to go out (0.5 s); past it the oldest are dropped
+MIN_GAP_S = 0.01  # between two packets when an answer comes before the last one's are out
+MAX_OUT_QUEUE = 10  # 20 ms packets waiting to go out (0.2 s); past it the oldest are dropped
 OPUS_BITRATE = 32000  # bits/s: wideband speech with room for the inband FEC copy
 OPUS_LOSS_PERCENT = 10  # what the encoder plans its FEC for
 
 
 @dataclass
 class OutStats:
-    packets: int = 0  # packets sent
-    silence: int = 0  # slots with no answer ready (before the first answer: none are sent)
+    packets: int = 0  # packets sent (none before the first answer)
+    crowded: int = 0  # packets sent closer than 20 ms to the last: an answer came early
     dropped: int = 0  # packets dropped from a queue that grew past MAX_OUT_QUEUE
 
 
@@ -55,68 +62,53 @@ class AnswerTrack(MediaStreamTrack):
 
     kind = "audio"
 
-    def __init__(self):
+    def __init__(self, rate: int):
         super().__init__()
         self.stats = OutStats()
-        self._encoder = libopus.Encoder(CALL_RATE)
+        self.packet_samples = int(rate * PACKET_S)
+        self._encoder = libopus.Encoder(rate)
         self._encoder.set(libopus.SET_BITRATE, OPUS_BITRATE)
         self._encoder.set(libopus.SET_INBAND_FEC, 1)
         self._encoder.set(libopus.SET_PACKET_LOSS_PERC, OPUS_LOSS_PERCENT)
-        self._up: Upsampler | None = None
         self._carry = np.zeros(0, np.float32)
-        self._packets: deque[np.ndarray] = deque()
+        self._packets: deque[tuple[float, np.ndarray]] = deque()  # (when it goes, samples)
         self._arrived = asyncio.Event()
-        self._next_at: float | None = None  # the next packet's slot (loop time)
+        self._last_at: float | None = None  # when the last packet queued goes (loop time)
         self._pts = 0
-        self._silence = np.zeros(PACKET_SAMPLES, np.float32)
-        self._time_base = fractions.Fraction(1, CALL_RATE)
+        self._time_base = fractions.Fraction(1, CLOCK_RATE)
 
-    def put(self, frame: np.ndarray, rate: int) -> None:
-        """One answer frame at the model's rate."""
-        if self._up is None:
-            self._up = Upsampler(rate, CALL_RATE)
-        pcm = self._up.feed(frame)
-        pcm = np.concatenate([self._carry, pcm]) if self._carry.size else pcm
-        n = pcm.shape[0] // PACKET_SAMPLES
+    def put(self, frame: np.ndarray) -> None:
+        """One answer frame at the track's rate: its packets, each with its time to go."""
+        size = self.packet_samples
+        pcm = np.concatenate([self._carry, frame]) if self._carry.size else frame
+        n = pcm.shape[0] // size
+        now = asyncio.get_running_loop().time()
         for i in range(n):
-            self._packets.append(pcm[i * PACKET_SAMPLES:(i + 1) * PACKET_SAMPLES])
-        self._carry = pcm[n * PACKET_SAMPLES:].copy()
+            at = now + i * PACKET_S
+            if self._last_at is not None and at < self._last_at + PACKET_S:
+                at = max(at, self._last_at + MIN_GAP_S)
+                self.stats.crowded += at < self._last_at + PACKET_S
+            self._last_at = at
+            self._packets.append((at, pcm[i * size:(i + 1) * size]))
+        self._carry = pcm[n * size:].copy()
         while len(self._packets) > MAX_OUT_QUEUE:
             self._packets.popleft()
             self.stats.dropped += 1
         self._arrived.set()
 
-    async def _wait(self, timeout: float | None) -> None:
-        self._arrived.clear()
-        try:
-            await asyncio.wait_for(self._arrived.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
-
     async def recv(self):
         if self.readyState != "live":
             raise MediaStreamError
         loop = asyncio.get_running_loop()
-        while self._next_at is None and not self._packets:  # nothing said yet
-            await self._wait(None)
-        if self._next_at is None:
-            self._next_at = loop.time()
-        delay = self._next_at - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        if not self._packets:
-            await self._wait(OUT_GRACE_S)
-        if self._packets:
-            pcm = self._packets.popleft()
-        else:
-            pcm = self._silence
-            self.stats.silence += 1
-        self._next_at += PACKET_S
-        if loop.time() - self._next_at > MAX_CLOCK_LAG_S:
-            self._next_at = loop.time()
+        while not self._packets:
+            self._arrived.clear()
+            await self._arrived.wait()
+        at, pcm = self._packets.popleft()
+        if at > loop.time():
+            await asyncio.sleep(at - loop.time())
         packet = av.Packet(self._encoder.encode(np.ascontiguousarray(pcm)))
         packet.pts, packet.time_base = self._pts, self._time_base
-        self._pts += PACKET_SAMPLES
+        self._pts += int(CLOCK_RATE * PACKET_S)
         self.stats.packets += 1
         return packet
 
@@ -127,8 +119,10 @@ class RtpIn:
 
     def __init__(self, rate: int, frame_size: int,
                  deliver: Callable[[list[np.ndarray], int], None]):
-        self.jitter = JitterBuffer(libopus.Decoder(CALL_RATE))
-        self._down = Downsampler(rate, frame_size)
+        self.jitter = JitterBuffer(libopus.Decoder(rate), CLOCK_RATE)
+        self.packet_samples = int(rate * PACKET_S)
+        self.frame_size = frame_size
+        self._pending = np.zeros(0, np.float32)  # samples short of a whole frame
         self._deliver = deliver
         self.last_packet: float | None = None  # monotonic seconds
         self.frames = 0  # model frames handed over
@@ -150,10 +144,13 @@ class RtpIn:
                 await asyncio.sleep(delay)
             elif -delay > MAX_CLOCK_LAG_S:
                 next_at = loop.time()
-            pcm = self.jitter.pull(PACKET_SAMPLES)
+            pcm = self.jitter.pull(self.packet_samples)
             if pcm is None:
                 continue
-            frames = self._down.feed(pcm)
+            pcm = np.concatenate([self._pending, pcm]) if self._pending.size else pcm
+            n = pcm.shape[0] // self.frame_size
+            frames = [pcm[i * self.frame_size:(i + 1) * self.frame_size] for i in range(n)]
+            self._pending = pcm[n * self.frame_size:]
             if frames:
                 now = time.monotonic()
                 if self._last_frame is not None:
