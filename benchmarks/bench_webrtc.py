@@ -3,7 +3,7 @@ and what they cost: the latency the WebRTC path adds against the WebSocket one (
 loopback), the jitter buffer's depth, CPU per call, and how many calls this machine holds in
 real time.
 
-    python benchmarks/bench_webrtc.py --model demo --seconds 20             # latency, 1 call
+    python benchmarks/bench_webrtc.py --model demo --seconds 20 --cpu 4     # latency, CPU
     python benchmarks/bench_webrtc.py --model demo --seconds 20 --loss 0.05 --jitter-ms 40
     python benchmarks/bench_webrtc.py --model demo --sweep --seconds 20 [--json out.json]
     python benchmarks/bench_webrtc.py --model demo --soak 50 --seconds 3    # calls, one by one
@@ -319,23 +319,56 @@ def _pcts(a: np.ndarray) -> dict:
             "max": float(a.max()), "frames": int(a.size)}
 
 
-def held(url: str, srv, pcm: np.ndarray, calls: int) -> dict:
-    """`calls` calls at once, each the whole speech: did every one keep up?"""
-    async def many():
-        return await asyncio.gather(*[call(url, pcm, tail_s=0.5, seed=i) for i in range(calls)])
+def _calls_process(url: str, n: int, seconds: float, protocol: str, out) -> None:
+    """In a child process (the clients' Python is not the server's): n clients at once,
+    WebRTC calls or /v1/realtime WebSocket sessions; their statuses back through `out`."""
+    pcm = speech(seconds)
 
-    c0, t0 = _cpu_seconds(), time.perf_counter()
-    results = asyncio.run(many())
-    wall = time.perf_counter() - t0
-    cpu = _cpu_seconds() - c0
+    async def one(i: int):
+        await asyncio.sleep(i * FRAME_S / n)  # spread over a frame, as bench_serve's are
+        if protocol == "webrtc":
+            return (await call(url, pcm, tail_s=0.5, seed=i)).status
+        res = await talk_realtime(url, pcm, session={"type": "realtime"}, tail_s=0.5)
+        return 201 if res.round_trip_ms else res.status
+
+    async def main():
+        return await asyncio.gather(*(one(i) for i in range(n)))
+
+    out.put(asyncio.run(main()))
+
+
+def load(srv, n: int, seconds: float, protocol: str) -> dict:
+    """n clients of `protocol` (webrtc, websocket) at once: did every session keep up, and the
+    server's CPU per session-second (this process: the server, its event loop and model)."""
+    import multiprocessing
+    import resource
+
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    before = len(srv.history())
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    child = ctx.Process(target=_calls_process, args=(srv.url, n, seconds, protocol, queue))
+    child.start()
+    statuses = queue.get(timeout=seconds + 120)
+    child.join()
     wait_until(lambda: srv.state.slots_used == 0, 10)
-    summaries = srv.history()[-calls:]
-    ok = all(r.status == 201 for r in results) and all(
-        s["frame_p99_ms"] < 1000 * FRAME_S and s["clock_gap_max_ms"] < 2 * 1000 * FRAME_S
-        for s in summaries)
-    return {"calls": calls, "kept_up": ok, "cpu_s_per_call_s": cpu / wall / calls,
-            "frame_p99_ms": max(s["frame_p99_ms"] for s in summaries),
-            "clock_gap_max_ms": max(s["clock_gap_max_ms"] for s in summaries)}
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (after.ru_utime - usage.ru_utime) + (after.ru_stime - usage.ru_stime)
+    summaries = srv.history()[before:]
+    seconds_held = sum(s["seconds"] for s in summaries)
+    ok = statuses == [201] * n and len(summaries) == n and all(
+        s["dropped"] <= 10 and s["frame_p99_ms"] < 1000 * FRAME_S for s in summaries)
+    row = {"protocol": protocol, "sessions": n, "kept_up": ok,
+           "cpu_per_session_s": cpu / seconds_held if seconds_held else None,
+           "cpu_cores_used": cpu / wall,
+           "frame_p99_ms": max((s.get("frame_p99_ms", 0) for s in summaries), default=None),
+           "dropped": sum(s["dropped"] for s in summaries)}
+    if protocol == "webrtc":
+        row["clock_gap_max_ms"] = max(s["clock_gap_max_ms"] for s in summaries)
+        row["concealed"] = sum(s["concealed"] for s in summaries)
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -349,12 +382,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jitter-ms", type=float, default=0.0)
     p.add_argument("--sweep", action="store_true", help="raise the calls at once until one "
                                                         "falls behind")
+    p.add_argument("--cpu", type=int, default=0, metavar="N",
+                   help="also N calls at once, then N WebSocket sessions: the server's CPU "
+                        "per session-second of each")
     p.add_argument("--soak", type=int, default=0, help="this many calls one after the other")
     p.add_argument("--json")
     args = p.parse_args(argv)
     model_dir = resolve_model(args.model, log)
     pcm = speech(args.seconds)
-    out: dict = {"cpu": _cpu_name(), "cores": os.cpu_count(), "model": args.model}
+    out: dict = {"machine": _cpu_name(), "cores": os.cpu_count(), "model": args.model}
     with ServerThread(ServeOptions(model_dir, port=0, max_sessions=64)) as srv:
         if args.soak:
             before = udp_sockets()
@@ -371,18 +407,19 @@ def main(argv: list[str] | None = None) -> int:
                            "udp_sockets_left": udp_sockets() - before}
         elif args.sweep:
             rows = []
-            n = 1
-            while True:
-                row = held(srv.url, srv, pcm, n)
+            for n in (1, 2, 4, 6, 8, 10, 12, 14, 16):
+                row = load(srv, n, args.seconds, "webrtc")
                 log(json.dumps(row))
                 rows.append(row)
                 if not row["kept_up"]:
                     break
-                n *= 2
             out["sweep"] = rows
-            out["held"] = max((r["calls"] for r in rows if r["kept_up"]), default=0)
+            out["held"] = max((r["sessions"] for r in rows if r["kept_up"]), default=0)
         else:
             out["latency"] = latency(srv.url, srv, pcm, args.loss, args.jitter_ms)
+            if args.cpu:
+                out["cpu"] = [load(srv, args.cpu, args.seconds, protocol)
+                              for protocol in ("webrtc", "websocket")]
     print(json.dumps(out, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))

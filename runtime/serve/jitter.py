@@ -45,7 +45,7 @@ class JitterStats:
     received: int = 0  # packets that arrived
     played: int = 0  # decoded in their turn
     lost: int = 0  # never there in their turn (concealed, or covered by an underrun's)
-    fec: int = 0  # of the lost, rebuilt from the next packet's FEC data
+    fec: int = 0  # of the lost, rebuilt from the next packet's FEC data (a SILK or hybrid one)
     late: int = 0  # arrived after their turn, dropped
     duplicate: int = 0
     underruns: int = 0  # nothing to play: a concealed packet while waiting
@@ -67,6 +67,12 @@ class JitterStats:
         out = asdict(self)
         out["depth_mean_ms"] = self.depth_mean_ms
         return out
+
+
+def _may_carry_fec(packet: bytes) -> bool:
+    """Whether an Opus packet can hold the previous one's FEC copy: only SILK and hybrid ones
+    can (TOC configurations 0-15); a CELT-only packet's 'FEC' would be plain concealment."""
+    return len(packet) > 0 and packet[0] >> 3 < 16
 
 
 class JitterBuffer:
@@ -212,9 +218,10 @@ class JitterBuffer:
                     self._next_ts = (self._next_ts + self._ticks(self._packet_samples)) % TS_MOD
                 return
             following = self._packets.get(self._expected + 1)
-            self._conceal(self._packet_samples, following[1] if following else None)
+            fec = following[1] if following and _may_carry_fec(following[1]) else None
+            self._conceal(self._packet_samples, fec)
             s.lost += 1
-            s.fec += following is not None
+            s.fec += fec is not None
             if self._next_ts is not None:
                 self._next_ts = (self._next_ts + self._ticks(self._packet_samples)) % TS_MOD
             self._expected += 1

@@ -146,6 +146,10 @@ class CallTransport(Transport):
             self._open.set()
             self.call.wire.heard()
 
+    async def opened(self) -> None:
+        """Until the channel is open, or known never to be."""
+        await self._open.wait()
+
     def give_up(self) -> None:
         """The channel did not open in time: the call goes on without events."""
         if not self._open.is_set():
@@ -163,7 +167,7 @@ class CallTransport(Transport):
             yield await self._inbox.get()
 
     async def send(self, message: str | bytes) -> None:
-        await self._open.wait()
+        await self.opened()
         channel = self.channel
         if channel is None or channel.readyState != "open":
             return  # no channel: events are not sent
@@ -290,7 +294,7 @@ class Call:
         connected = time.monotonic()
         if self.transport.may_get_events:
             try:
-                await asyncio.wait_for(self.transport._open.wait(), CHANNEL_WAIT_S)
+                await asyncio.wait_for(self.transport.opened(), CHANNEL_WAIT_S)
             except asyncio.TimeoutError:
                 self.transport.give_up()
         while True:

@@ -87,7 +87,7 @@ class AnswerTrack(MediaStreamTrack):
             at = now + i * PACKET_S
             if self._last_at is not None and at < self._last_at + PACKET_S:
                 at = max(at, self._last_at + MIN_GAP_S)
-                self.stats.crowded += at < self._last_at + PACKET_S
+                self.stats.crowded += at < self._last_at + PACKET_S - 0.001
             self._last_at = at
             self._packets.append((at, pcm[i * size:(i + 1) * size]))
         self._carry = pcm[n * size:].copy()
@@ -166,7 +166,7 @@ def tap_rtp(receiver, payload_type: int, sink: Callable[[int, int, bytes], None]
     to `sink(seq, timestamp, payload)`, and keeps aiortc's own handling for its RTCP (the
     receiver reports that give the peer its loss, jitter and round trip) but not its decoding:
     on the first packet aiortc's decoder thread is stopped, as aiortc stops it when a
-    transport goes away. Relies on aiortc 1.16's receiver (`_handle_rtp_packet`,
+    transport goes away. Relies on aiortc 1.15-1.16's receiver (`_handle_rtp_packet`,
     `_handle_disconnect`); tests/test_serve_webrtc.py fails if a new aiortc changes them."""
     original = receiver._handle_rtp_packet
     decoding = [True]
