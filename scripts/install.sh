@@ -72,4 +72,10 @@ python -m pip install -q --no-deps "moshi==0.2.13"
 # code imports torch, so no extra can name it): without its dependencies, as docs/assistant.md
 # tells users.
 python -m pip install -q --no-deps "silero-vad==6.2.3"
+# OpenAI's Agents SDK for the browser (its WebRTC transport is a client the browser test
+# drives against serve), where npm is: into .venv/npm, nothing global
+if command -v npm >/dev/null 2>&1 && \
+        [ ! -f .venv/npm/node_modules/@openai/agents-realtime/dist/bundle/openai-realtime-agents.umd.js ]; then
+    npm install --silent --no-audit --no-fund --prefix .venv/npm "@openai/agents-realtime@0.20.0"
+fi
 echo "installed into .venv: $(python -c 'import torch, onnxruntime; print("torch", torch.__version__, "onnxruntime", onnxruntime.__version__)')"

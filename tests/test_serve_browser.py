@@ -151,6 +151,37 @@ def test_openai_browser_quickstart_calls_the_server(demo_model_dir, tmp_path):
     assert r["freed_s"] < 2.0 and r["slots_used"] == 0
 
 
+def test_openai_agents_sdk_calls_the_server_over_webrtc(demo_model_dir, tmp_path):
+    """OpenAI's Agents SDK for the browser (@openai/agents-realtime's WebRTC transport) as its
+    documentation sets it up, with an ek_ key: it connects (it waits for session.updated after
+    its own session.update), takes the call's id from Location, its agent's instructions and
+    voice are the call's persona, no error, and the browser hears the answer."""
+    pytest.importorskip("aiortc", reason="the webrtc extra (scripts/install.sh installs it)")
+    sys.path.insert(0, str(Path(__file__).parent / "browser"))
+    from webrtc_call import AGENTS_BUNDLE
+
+    if not AGENTS_BUNDLE.is_file():
+        pytest.skip(f"@openai/agents-realtime is not installed ({AGENTS_BUNDLE}): "
+                    "scripts/install.sh installs it where npm is")
+    scene = Path(__file__).parent / "browser" / "webrtc_call.py"
+    out = tmp_path / "scene"
+    done = subprocess.run(_in_own_network([sys.executable, str(scene), str(demo_model_dir),
+                                           str(out), "4", "sdk"]),
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    r = json.loads((out / "result.json").read_text())
+    assert r["error"] is None and r["connected"], r
+    assert r["callId"].startswith("rtc_")
+    kinds = [e.get("type") for e in r["events"]]
+    assert "error" not in kinds and "session.updated" in kinds and "response.created" in kinds
+    updated = [e for e in r["events"] if e.get("type") == "session.updated"][-1]["session"]
+    assert updated["instructions"] == "Be brief."
+    assert updated["audio"]["output"]["voice"] == "NATM1"
+    assert r["personas"] == [["NATM1", "Be brief."]]
+    assert r["heard"]["packets"] > 100 and r["heard"]["energy"] > 0
+    assert r["freed_s"] < 2.0 and r["slots_used"] == 0
+
+
 def test_the_page_talks_over_webrtc(demo_model_dir, tmp_path):
     """The page's transport set to WebRTC (call.js): the persona chosen on the page is the
     call's, the answer is heard and its transcript shown, Stop frees the slot."""

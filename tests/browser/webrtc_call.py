@@ -5,9 +5,10 @@ ephemeral key as Bearer, setRemoteDescription of the answer), then reads what it
 peer connection's own stats and the events from the channel. The ephemeral key is made the way
 an app's backend makes it (POST /v1/realtime/client_secrets with the server's token).
 
-    python tests/browser/webrtc_call.py MODEL_DIR OUT_DIR [SECONDS] [page]
+    python tests/browser/webrtc_call.py MODEL_DIR OUT_DIR [SECONDS] [quickstart|sdk|page]
 
-`page`: the server's own page (/) instead, its transport set to WebRTC: the page's call.js.
+`sdk`: OpenAI's Agents SDK for the browser (@openai/agents-realtime) instead, its WebRTC
+transport; `page`: the server's own page (/), its transport set to WebRTC: the page's call.js.
 
 Run by test_serve_browser.py, inside a network namespace of its own where it can (only a
 loopback there: the call cannot leave this machine). Writes OUT_DIR/result.json and the frames
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -35,6 +37,10 @@ from personaplex_edge.runtime.sampling import SamplingParams  # noqa: E402
 from personaplex_edge.runtime.serve import ServeOptions  # noqa: E402
 
 TOKEN = "the-servers-own-token"
+# @openai/agents-realtime's browser bundle, where scripts/install.sh put it (npm)
+AGENTS_BUNDLE = Path(os.environ.get("PERSONAPLEX_AGENTS_REALTIME", HERE.parent.parent / ".venv"
+                                    / "npm" / "node_modules" / "@openai" / "agents-realtime"
+                                    / "dist" / "bundle" / "openai-realtime-agents.umd.js"))
 # chromium leaves loopback out of WebRTC's networks unless told; the call runs on loopback
 FLAGS = ["--allow-loopback-in-peer-connection"]
 
@@ -68,6 +74,27 @@ window.rtc = {events: [], status: null, location: null, streams: null, error: nu
 })().catch((e) => { window.rtc.error = String(e); });
 """
 
+# OpenAI's Agents SDK for the browser (@openai/agents-realtime, its UMD bundle loaded into the
+# page), its WebRTC transport as its documentation sets it up
+AGENTS_SDK = """
+window.rtc = {events: [], status: null, error: null, connected: false, callId: null};
+(async () => {
+  const { RealtimeAgent, RealtimeSession, OpenAIRealtimeWebRTC } = OpenAIAgentsRealtime;
+  const agent = new RealtimeAgent({ name: "Assistant", instructions: "Be brief." });
+  const transport = new OpenAIRealtimeWebRTC({ baseUrl: %(base)s });
+  const session = new RealtimeSession(agent, {
+    transport, model: "gpt-realtime",
+    config: { audio: { output: { voice: "NATM1" } } },
+  });
+  session.on("transport_event", (e) => rtc.events.push(e));
+  session.on("error", (e) => { rtc.error = String(e.error || e); });
+  await session.connect({ apiKey: %(key)s });
+  rtc.connected = true;
+  rtc.callId = transport.callId;
+  rtc.pc = transport.connectionState.peerConnection;
+})().catch((e) => { window.rtc.error = String(e); });
+"""
+
 # what the peer connection itself says it received
 HEARD = """
 (async () => {
@@ -86,7 +113,7 @@ HEARD = """
 """
 
 
-async def scene(srv, seconds: float) -> dict:
+async def scene(srv, seconds: float, code: str = QUICKSTART) -> dict:
     async with aiohttp.ClientSession() as http:  # the app's backend
         async with http.post(srv.url + "v1/realtime/client_secrets", headers={
                 "Authorization": f"Bearer {TOKEN}"}, json={"session": {
@@ -96,21 +123,27 @@ async def scene(srv, seconds: float) -> dict:
     async with Chromium(fake_audio=HELLO, flags=FLAGS) as browser:
         page = await browser.page()
         await page.goto(srv.url)
-        await page.evaluate(QUICKSTART % {"key": json.dumps(key),
-                                          "base": json.dumps(srv.url + "v1/realtime/calls")})
+        if code is AGENTS_SDK:  # the SDK's bundle first, as a page's script tag loads it
+            await page.evaluate(AGENTS_BUNDLE.read_text() + "\n;0")
+        await page.evaluate(code % {"key": json.dumps(key),
+                                    "base": json.dumps(srv.url + "v1/realtime/calls")})
         await page.wait_for("window.rtc.error || (window.rtc.pc && "
                             "window.rtc.pc.connectionState === 'connected')", timeout=20)
         t0 = time.monotonic()
         while time.monotonic() - t0 < seconds:
             await asyncio.sleep(0.5)
         heard = await page.evaluate(HEARD)
+        personas = [[s.params.persona.voice, s.params.persona.text_prompt]
+                    for s in list(srv.state.sessions) if s.params]
         rtc = await page.evaluate("({events: rtc.events, status: rtc.status, location: "
-                                  "rtc.location, streams: rtc.streams, error: rtc.error})")
+                                  "rtc.location, streams: rtc.streams, error: rtc.error, "
+                                  "connected: rtc.connected, callId: rtc.callId})")
         await page.evaluate("rtc.pc.close()")  # hang up, as a page does
         t0 = time.monotonic()
         wait_until(lambda: srv.state.slots_used == 0, 5)
         freed = time.monotonic() - t0
-        return {"heard": heard, "freed_s": freed, "console": page.console[-20:], **rtc}
+        return {"heard": heard, "personas": personas, "freed_s": freed,
+                "console": page.console[-20:], **rtc}
 
 
 async def page_scene(srv, seconds: float) -> dict:
@@ -139,7 +172,9 @@ async def page_scene(srv, seconds: float) -> dict:
 def main() -> int:
     model_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
     seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 6.0
-    run = page_scene if sys.argv[4:5] == ["page"] else scene
+    mode = sys.argv[4] if len(sys.argv) > 4 else "quickstart"
+    run = {"page": page_scene, "quickstart": scene,
+           "sdk": lambda srv, seconds: scene(srv, seconds, AGENTS_SDK)}[mode]
     out.mkdir(parents=True, exist_ok=True)
     options = ServeOptions(model_dir, port=0, auth_token=TOKEN,
                            sampling=SamplingParams(greedy=True), max_backlog=100_000)
