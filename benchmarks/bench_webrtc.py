@@ -11,8 +11,9 @@ real time.
 Mouth to ear, both paths measured alike: from the moment a client hands the last sample of an
 80 ms frame to its transport (the WebSocket's append sent; the call's RTP packet handed to
 aiortc) to the moment the first sample of that frame's answer arrives (the audio delta; the RTP
-packet), from when it can play; neither side's playout buffer counts. The call's jitter buffer, resampling, Opus
-both ways and packet pacing are in it; the WebSocket's PCM16 in JSON is in the other.
+packet), from when it can play; neither side's playout buffer counts. The call's jitter
+buffer, its playout clock, Opus both ways and packet pacing are in it; the WebSocket's PCM16
+in JSON is in the other.
 
 The client injects loss and jitter itself (`--loss`, `--jitter-ms`): each outgoing RTP packet
 is dropped with that probability, and the rest are each delayed by a uniform 0..jitter ms (so

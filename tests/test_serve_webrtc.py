@@ -31,7 +31,6 @@ from call_tap import ModelInput, prefix_matches, run_pieces, waveform_match  # n
 from personaplex_edge.runtime.sampling import SamplingParams  # noqa: E402
 from personaplex_edge.runtime.serve import ServeOptions, libopus  # noqa: E402
 from personaplex_edge.runtime.serve import webrtc as webrtc_route  # noqa: E402
-from personaplex_edge.runtime.serve.client_keys import ClientKeys  # noqa: E402
 from personaplex_edge.runtime.serve.jitter import JitterBuffer  # noqa: E402
 
 TOKEN = "s3cret"
@@ -70,7 +69,7 @@ def bearer(token: str = TOKEN, **more) -> dict:
     return {"Authorization": f"Bearer {token}", **more}
 
 
-# -- a call, greedy ---------------------------------------------------------------------------------
+# -- a call, greedy --------------------------------------------------------------------------------
 def test_a_call_is_answered_as_run_greedy_answers(srv, demo_model_dir, tmp_path):
     """A multipart offer with a session (instructions, voice): the events the SDK's types take,
     GA names, no audio deltas on the channel; the transcript is `run --greedy`'s with that
@@ -211,7 +210,7 @@ def test_a_call_hung_up_by_delete_ends_and_is_gone(srv):
     assert status == 404 and "no call" in body
 
 
-# -- the network going away -------------------------------------------------------------------------
+# -- the network going away ------------------------------------------------------------------------
 def test_a_vanished_peer_frees_its_slot_within_seconds(srv):
     before = metric(srv, "personaplex_webrtc_calls_failed_total", reason="peer_gone")
     t0 = time.monotonic()
@@ -246,7 +245,7 @@ def test_ice_that_never_connects_frees_its_slot(srv):
     assert metric(srv, "personaplex_webrtc_calls_failed_total", reason="ice") == before + 1
 
 
-# -- refusals ---------------------------------------------------------------------------------------
+# -- refusals --------------------------------------------------------------------------------------
 def _offer(kind: str = "audio") -> str:
     from aiortc import RTCConfiguration, RTCPeerConnection
 
@@ -380,7 +379,7 @@ def test_without_aiortc_the_route_says_what_to_install(srv, monkeypatch):
     assert "pip install 'personaplex-edge[webrtc]'" in json.loads(text)["error"]["message"]
 
 
-# -- the jitter buffer alone ------------------------------------------------------------------------
+# -- the jitter buffer alone -----------------------------------------------------------------------
 def _packets(seconds: float = 2.0):
     """A tone with speech-like loudness changes as 20 ms Opus packets at 48 kHz (FEC on)."""
     enc = libopus.Encoder(48000)

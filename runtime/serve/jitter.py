@@ -17,8 +17,9 @@ The clock never waits on the network. Each pull takes the next packet by sequenc
 and the buffer shrinks back: when for a whole second it never held less than its target plus
 a packet, its oldest packet is discarded; when it holds more than SNAP_MS over its target (a
 burst after a stall), the oldest are discarded at once down to the target. The target follows
-the measured interarrival jitter (RFC 3550's estimate). Every outcome is counted (`JitterStats`), so /metrics and the session's
-stats say what the network did to a call and what the model heard instead.
+the measured interarrival jitter (RFC 3550's estimate). Every outcome is counted
+(`JitterStats`), so /metrics and the session's stats say what the network did to a call and
+what the model heard instead.
 """
 
 from __future__ import annotations

@@ -141,6 +141,11 @@ async def create_call(request: web.Request) -> web.StreamResponse:
             await call.close()
         free_slot(state)
         raise
+    if state.stopping:  # it stopped while the answer was made: this call is not taken on
+        await call.close()
+        free_slot(state)
+        return _error(503, "the server is shutting down", "server_error",
+                      "server_shutting_down", cors)
     state.calls[call.id] = call
     call.task = asyncio.create_task(call.run())
     log.info("call %s (%s): answered", call.id, peer)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import fractions
-import logging
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -37,8 +36,6 @@ from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from . import libopus
 from .jitter import JitterBuffer
-
-log = logging.getLogger("personaplex_edge.serve")
 
 CLOCK_RATE = 48000  # Hz: the RTP timestamps of every Opus stream
 PACKET_S = 0.02  # the Opus packets this server sends, and its playout clock's step
@@ -85,9 +82,9 @@ class AnswerTrack(MediaStreamTrack):
         now = asyncio.get_running_loop().time()
         for i in range(n):
             at = now + i * PACKET_S
-            if self._last_at is not None and at < self._last_at + PACKET_S:
+            if self._last_at is not None and at < self._last_at + PACKET_S - 0.001:
                 at = max(at, self._last_at + MIN_GAP_S)
-                self.stats.crowded += at < self._last_at + PACKET_S - 0.001
+                self.stats.crowded += 1
             self._last_at = at
             self._packets.append((at, pcm[i * size:(i + 1) * size]))
         self._carry = pcm[n * size:].copy()

@@ -10,7 +10,9 @@ export async function startCall(ui, persona, token) {
   const { state } = ui;
   ui.setStatus("starting the microphone");
   const stream = await navigator.mediaDevices.getUserMedia({
-    audio: { echoCancellation: true, noiseSuppression: true, autoGainControl: true, channelCount: 1 },
+    audio: {
+      echoCancellation: true, noiseSuppression: true, autoGainControl: true, channelCount: 1,
+    },
   });
   const pc = new RTCPeerConnection();
   const player = document.createElement("audio");
@@ -34,7 +36,8 @@ export async function startCall(ui, persona, token) {
     const body = await response.json().catch(() => ({}));
     pc.close();
     for (const track of stream.getTracks()) track.stop();
-    throw new Error((body.error && body.error.message) || `the call was refused (${response.status})`);
+    throw new Error((body.error && body.error.message) ||
+                    `the call was refused (${response.status})`);
   }
   await pc.setRemoteDescription({ type: "answer", sdp: await response.text() });
   const call = { pc, stream, player, location: response.headers.get("Location"), timer: null };
@@ -82,7 +85,8 @@ async function readStats(ui, pc) {
       if (s.jitterBufferEmittedCount) {
         state.bufferMs = 1000 * s.jitterBufferDelay / s.jitterBufferEmittedCount;
       }
-    } else if (s.type === "candidate-pair" && s.nominated && s.currentRoundTripTime !== undefined) {
+    } else if (s.type === "candidate-pair" && s.nominated &&
+               s.currentRoundTripTime !== undefined) {
       state.latencyMs = 1000 * s.currentRoundTripTime;
     }
   });
