@@ -210,6 +210,24 @@ def test_a_call_hung_up_by_delete_ends_and_is_gone(srv):
     assert status == 404 and "no call" in body
 
 
+def test_stopping_the_server_ends_a_call_with_its_last_events(demo_model, demo_model_dir):
+    """Ctrl-C (the server's stop) while a call talks: its response ends `incomplete` on the
+    channel, then the peer connection closes; the server waits for it."""
+    srv = ServerThread(ServeOptions(demo_model_dir, port=0), model=demo_model).__enter__()
+
+    async def scene():
+        talking = asyncio.create_task(call(srv.url, speech(3.0), tail_s=0.5))
+        await asyncio.sleep(2.0)
+        await asyncio.get_running_loop().run_in_executor(None, srv.__exit__, None, None, None)
+        return await talking
+
+    res = asyncio.run(scene())
+    assert res.status == 201
+    done = [e for e in res.events if e["type"] == "response.done"]
+    assert done and done[-1]["response"]["status"] == "incomplete"
+    assert srv.server.state is None  # stopped, every call closed first
+
+
 # -- the network going away ------------------------------------------------------------------------
 def test_a_vanished_peer_frees_its_slot_within_seconds(srv):
     before = metric(srv, "personaplex_webrtc_calls_failed_total", reason="peer_gone")
