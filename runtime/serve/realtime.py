@@ -1,7 +1,8 @@
 """`GET /v1/realtime` (and `/v1/duplex`, vllm-omni's name for it): the OpenAI Realtime protocol
 (realtime_events.py) on the shared session flow (lifecycle.py), so voice-agent frameworks
 (the openai SDK, pipecat, LiveKit) can talk to a local PersonaPlex. The query (`model`,
-`duplex`, ...) is accepted and ignored.
+`duplex`, ...) is accepted and ignored. A WebRTC call (webrtc_call.py) runs this same session
+on its data channel, its audio on an RTP track instead of in the events.
 
     session.created at once  ->  the persona: the instructions and voice of the session.update
     events sent before it is fixed, merged (an AgentSession sends its voice and its
