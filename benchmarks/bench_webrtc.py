@@ -161,6 +161,7 @@ async def call(url: str, pcm24: np.ndarray, *, token: str | None = None,
                session: dict | None = None, channel: bool = True, tail_s: float = 1.0,
                loss: float = 0.0, jitter_ms: float = 0.0, seed: int = 0,
                blackout: tuple[float, float] | None = None,
+               send_at: tuple[tuple[float, dict], ...] = (),
                send_update: dict | None = None, hang_up: str = "close",
                headers: dict | None = None, offer_filter=None) -> CallResult:
     """One call: offers an Opus track (and the `oai-events` channel, unless `channel` is
@@ -168,7 +169,8 @@ async def call(url: str, pcm24: np.ndarray, *, token: str | None = None,
     `pcm24` at real-time pace and then `tail_s` of silence, records every event and the
     answer's audio (decoded by libopus at 24 kHz), then hangs up (`close`: the peer connection
     closes; `delete`: DELETE on the call, then close; `vanish`: the client stops answering
-    anything, as a peer whose network went away). `offer_filter(sdp) -> sdp` edits the offer."""
+    anything, as a peer whose network went away). `offer_filter(sdp) -> sdp` edits the offer;
+    `send_at`: (seconds after connecting, event) sent on the channel."""
     import aiohttp
     from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
     from aiortc.sdp import SessionDescription
@@ -248,6 +250,9 @@ async def call(url: str, pcm24: np.ndarray, *, token: str | None = None,
         if loss or jitter_ms or blackout:
             lossy(sender.transport, loss, jitter_ms, random.Random(seed), res, blackout)
         await asyncio.wait_for(connected.wait(), 10)
+        for delay, event in send_at:  # events at their moments, once the channel is open
+            asyncio.get_running_loop().call_later(
+                delay, lambda e=event: opened.is_set() and dc.send(json.dumps(e)))
         deadline = time.perf_counter() + packets * PACKET / CALL_RATE + tail_s
         while time.perf_counter() < deadline:
             await asyncio.sleep(0.05)

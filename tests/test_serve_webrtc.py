@@ -192,14 +192,37 @@ def test_a_call_without_the_events_channel_still_converses(srv):
 
 def test_the_session_update_sent_as_the_channel_opens_sets_the_persona(srv):
     """What the Agents SDK does: session.update on the channel's open, then waits for
-    session.updated, which echoes it."""
-    res = asyncio.run(call(srv.url, speech(1.5), token=TOKEN, tail_s=0.3, send_update={
-        "type": "realtime", "instructions": "Be brief.", "audio": {"output": {"voice": "NATF1"}}}))
+    session.updated, which echoes it. OpenAI's WebRTC events on the audio: output_audio_buffer
+    started with the response's first audio, stopped after its response.done (a cancel),
+    cleared after an output_audio_buffer.clear."""
+    from openai.types.realtime import RealtimeServerEvent
+    from pydantic import TypeAdapter
+
+    res = asyncio.run(call(srv.url, speech(2.5), token=TOKEN, tail_s=0.3, send_update={
+        "type": "realtime", "instructions": "Be brief.", "audio": {"output": {"voice": "NATF1"}}},
+        send_at=((1.8, {"type": "response.cancel"}),
+                 (1.9, {"type": "output_audio_buffer.clear"}))))
     settle(srv)
+    adapter = TypeAdapter(RealtimeServerEvent)
+    for event in res.events:
+        adapter.validate_python(event)
     updated = [e for e in res.events if e["type"] == "session.updated"]
     assert len(updated) == 1
     assert updated[0]["session"]["instructions"] == "Be brief."
     assert updated[0]["session"]["audio"]["output"]["voice"] == "NATF1"
+    kinds = [e["type"] for e in res.events]
+    assert "error" not in kinds
+    first = res.events[kinds.index("response.created")]["response"]["id"]
+    started = kinds.index("output_audio_buffer.started")
+    assert res.events[started]["response_id"] == first
+    assert kinds.index("response.content_part.added") < started
+    done = kinds.index("response.done")
+    assert res.events[done]["response"]["status"] == "cancelled"
+    assert kinds[done + 1] == "output_audio_buffer.stopped"
+    assert res.events[done + 1]["response_id"] == first
+    cleared = kinds.index("output_audio_buffer.cleared")
+    last = [e["response"]["id"] for e in res.events[:cleared] if e["type"] == "response.created"]
+    assert res.events[cleared]["response_id"] == last[-1]  # the audio it cut off
 
 
 def test_a_call_hung_up_by_delete_ends_and_is_gone(srv):

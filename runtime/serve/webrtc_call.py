@@ -58,10 +58,29 @@ class CallSession(RealtimeSession):
         super().__init__(events, **core)
         self.owner = owner
         self._spoke = False  # this answer frame's audio went to the track
+        self._playing: str | None = None  # the response whose audio the track plays
+        self._played: str | None = None  # the last one that played
 
     def send_audio(self, pcm: np.ndarray) -> None:
         self._spoke = True
+        if self._playing != self.response.id:  # its first audio: OpenAI's WebRTC event says so
+            self._playing = self._played = self.response.id
+            self.send(self.events.output_buffer("started", self.response.id))
         self.owner.out.put(pcm)
+
+    def close_response(self, status: str, details: dict | None) -> list[str]:
+        playing = self._playing if self.response is not None else None
+        events = super().close_response(status, details)
+        if playing is not None and playing == self._playing:
+            self._playing = None
+            events.append(self.events.output_buffer("stopped", playing))
+        return events
+
+    def clear_output(self) -> None:
+        """output_audio_buffer.clear: the answer not yet sent is dropped."""
+        self.owner.out.clear()
+        if self._played is not None:
+            self.send(self.events.output_buffer("cleared", self._played))
 
     def _answer(self, pcm: np.ndarray, piece: str) -> None:
         self._spoke = False
@@ -100,6 +119,12 @@ class CallWire(RealtimeWire):
             self._pending = self._params(session, update)
         session.send(self.events.session_created(self.view))
         return session
+
+    def _handle(self, session: CallSession, event: dict) -> None:
+        if event["type"] == "output_audio_buffer.clear":  # WebRTC's own: cut the answer off
+            session.clear_output()
+            return
+        super()._handle(session, event)
 
     def heard(self) -> None:
         """For a call: its events channel is open (or will never be) and audio flows. With a

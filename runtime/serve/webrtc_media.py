@@ -93,6 +93,12 @@ class AnswerTrack(MediaStreamTrack):
             self.stats.dropped += 1
         self._arrived.set()
 
+    def clear(self) -> None:
+        """Drops what waits to go out (the peer cut the answer off)."""
+        self.stats.dropped += len(self._packets)
+        self._packets.clear()
+        self._carry = np.zeros(0, np.float32)
+
     async def recv(self):
         if self.readyState != "live":
             raise MediaStreamError
