@@ -23,6 +23,9 @@ if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
                espeak-ng sox nginx nodejs; do
         dpkg -s "$pkg" >/dev/null 2>&1 || missing="$missing $pkg"
     done
+    # npm (OpenAI's browser Agents SDK for the WebRTC test, below): Debian packs it apart from
+    # nodejs; a node that brings its own npm needs none
+    command -v npm >/dev/null 2>&1 || missing="$missing npm"
     if [ -n "$missing" ]; then
         apt-get update -q
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $missing
