@@ -471,7 +471,8 @@ def cmd_serve(args) -> int:
         persona=Persona(text_prompt=args.text_prompt, voice=args.voice_prompt,
                         enabled=not args.no_persona),
         max_backlog=args.max_backlog_frames, device=args.device, threads=args.threads,
-        persona_cache=_persona_cache(args, _note)),
+        persona_cache=_persona_cache(args, _note), ice_servers=tuple(args.ice_server or ()),
+        turn_username=args.turn_username, turn_credential=args.turn_credential),
         progress=_note)
 
 
@@ -715,6 +716,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "comma-separated (voice.example.com; *: any, behind a balancer)")
     v.add_argument("--voice-dir", help="recordings clients may name as voice_prompt, besides the "
                                        "voice bank")
+    v.add_argument("--ice-server", action="append", metavar="URL",
+                   help="WebRTC calls (/v1/realtime/calls): a STUN or TURN server for clients "
+                        "behind NAT (stun:HOST:PORT, turn:HOST:PORT; repeatable). Default: none "
+                        "is contacted, the calls' candidates are the server's own addresses")
+    v.add_argument("--turn-username", help="the TURN servers' username")
+    v.add_argument("--turn-credential", default=os.environ.get("PERSONAPLEX_TURN_CREDENTIAL"),
+                   help="the TURN servers' password (default: $PERSONAPLEX_TURN_CREDENTIAL)")
     _add_backlog_arg(v)
     v.set_defaults(func=cmd_serve)
 

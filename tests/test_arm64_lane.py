@@ -64,9 +64,10 @@ def test_the_board_block_installs_the_runtime_and_the_server_without_torch_or_ru
     assert {"libopus0", "libspeexdsp1", "libportaudio2", "python3-venv"} <= set(apt)
     pip = next(line for line in lines if "pip install -e" in line)
     named = re.search(r'"\.\[([^\]]+)\]"', pip).group(1).split(",")
-    assert {"jetson", "cpu", "audio", "serve", "assistant"} == set(named)
+    assert {"jetson", "cpu", "audio", "serve", "webrtc", "assistant"} == set(named)
     brought = requirements_of(named)
-    assert {"onnxruntime", "aiohttp", "sounddevice", "cuda-python", "webrtcvad-wheels"} <= brought
+    assert {"onnxruntime", "aiohttp", "sounddevice", "cuda-python", "webrtcvad-wheels",
+            "aiortc", "av"} <= brought
     # torch is the export's; sphn has no aarch64 wheel (pip would build it with Rust)
     assert not brought & {"torch", "sphn", "onnxruntime-gpu"}
     # silero-vad's own requirements are torch and torchaudio: only its model file is wanted

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
-from aiohttp import WSMessage, WSMsgType, web
+from aiohttp import web
 
 from . import protocol
 from .lifecycle import Wire, serve_websocket
@@ -89,18 +89,17 @@ class ChatWire(Wire):
     def farewell(self, session: Session, reason: str | None, code: int) -> list[bytes | str]:
         return [protocol.error(reason)] if reason is not None else []
 
-    def receive(self, session: ChatSession, msg: WSMessage) -> None:
-        if msg.type == WSMsgType.TEXT:
+    def receive(self, session: ChatSession, data: str | bytes) -> None:
+        if isinstance(data, str):
             raise protocol.ProtocolError("text WebSocket frames are not part of the protocol "
                                          "(every message is binary)")
-        if msg.type == WSMsgType.BINARY:
-            kind, payload = protocol.parse(msg.data)
-            if kind == protocol.Kind.AUDIO:
-                dropped = session.receive_audio(payload)
-                if dropped:
-                    self.state.stats.dropped.inc(dropped)
-            elif kind == protocol.Kind.SAY:
-                session.command(parse_command(payload))
+        kind, payload = protocol.parse(data)
+        if kind == protocol.Kind.AUDIO:
+            dropped = session.receive_audio(payload)
+            if dropped:
+                self.state.stats.dropped.inc(dropped)
+        elif kind == protocol.Kind.SAY:
+            session.command(parse_command(payload))
 
 
 async def _report(session: Session) -> None:

@@ -1,7 +1,8 @@
 """`GET /v1/realtime` (and `/v1/duplex`, vllm-omni's name for it): the OpenAI Realtime protocol
 (realtime_events.py) on the shared session flow (lifecycle.py), so voice-agent frameworks
 (the openai SDK, pipecat, LiveKit) can talk to a local PersonaPlex. The query (`model`,
-`duplex`, ...) is accepted and ignored.
+`duplex`, ...) is accepted and ignored. A WebRTC call (webrtc_call.py) runs this same session
+on its data channel, its audio on an RTP track instead of in the events.
 
     session.created at once  ->  the persona: the instructions and voice of the session.update
     events sent before it is fixed, merged (an AgentSession sends its voice and its
@@ -35,7 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
+from aiohttp import WSCloseCode, web
 
 from personaplex_edge.audio import pcm16_bytes
 
@@ -107,13 +108,18 @@ class RealtimeSession(Session):
             self.response.transcript.append(piece)
             self.send(self.events.transcript_delta(self.response, piece))
         self.response.frames += 1
-        self.send(self.events.audio_delta(self.response, pcm16_bytes(pcm)))
+        self.send_audio(pcm)
         if self._closing is not None:
             self._closing -= 1
             if self._closing <= 0:  # the said words' response is done; the model goes on
                 for event in self.close_response("completed", None):
                     self.send(event)
                 self._saying, self._closing, self._open_next = False, None, True
+
+    def send_audio(self, pcm: np.ndarray) -> None:
+        """One answer frame's audio to the client: an audio delta of the open response (a
+        call sends it on its RTP track instead: webrtc_call.py)."""
+        self.send(self.events.audio_delta(self.response, pcm16_bytes(pcm)))
 
     def add_assistant_text(self, text: str) -> None:
         """An assistant item's text, joined to those waiting for response.create; EventError
@@ -227,15 +233,14 @@ class RealtimeWire(Wire):
             self._timer.cancel()
 
     # -- the client's events ----------------------------------------------------------------------
-    def receive(self, session: RealtimeSession, msg: WSMessage) -> None:
-        if msg.type == WSMsgType.BINARY:
-            session.send(self.events.error("binary WebSocket messages are not part of the "
-                                           "protocol: send JSON text events",
-                                           code="invalid_event"))
-        elif msg.type == WSMsgType.TEXT:
+    def receive(self, session: RealtimeSession, data: str | bytes) -> None:
+        if isinstance(data, bytes):
+            session.send(self.events.error("binary messages are not part of the protocol: "
+                                           "send JSON text events", code="invalid_event"))
+        else:
             event = None
             try:
-                event = parse(msg.data)
+                event = parse(data)
                 self._handle(session, event)
             except EventError as e:  # answered; the session goes on
                 client_id = e.event_id or (event or {}).get("event_id")
@@ -248,11 +253,7 @@ class RealtimeWire(Wire):
             dropped = session.receive_audio(audio_bytes(event))
             if dropped:
                 self.state.stats.dropped.inc(dropped)
-            self._heard = True
-            if self._pending is not None:
-                self._fix()
-            elif self._timer is None:
-                self._timer = asyncio.get_running_loop().call_later(GRACE_S, self._fix)
+            self.heard()
         elif kind == "session.update":
             self._update(session, parse_session_update(event))
         elif kind == "response.create":
@@ -270,6 +271,15 @@ class RealtimeWire(Wire):
                     session.send(out)
         # commit, output_audio_buffer.clear, other conversation.item.*: nothing to do in
         # full duplex
+
+    def heard(self) -> None:
+        """The client streams: the persona is fixed now if an update gave one, else after
+        GRACE_S for an update to come."""
+        self._heard = True
+        if self._pending is not None:
+            self._fix()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(GRACE_S, self._fix)
 
     def _update(self, session: RealtimeSession, update: SessionUpdate) -> None:
         """Formats apply at once; instructions and voice only until the persona is fixed;

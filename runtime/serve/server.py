@@ -28,7 +28,9 @@ from personaplex_edge.runtime.sampling import SamplingParams
 
 from .app import build_app
 from .auth import parse_allowed_origins
+from .call_stats import CallMetrics
 from .hosts import HostRule, parse_allowed_hosts
+from .ice import IceOptions, host_addresses
 from .opus import check_opus
 from .params import MAX_TEXT_PROMPT_CHARS, Voices
 from .session import MAX_AHEAD_S
@@ -66,6 +68,10 @@ class ServeOptions:
     device: str = "auto"
     threads: int | None = None
     persona_cache: object = None  # a runtime.persona_cache.PersonaCache (None: the model's default)
+    # WebRTC calls (ice.py): STUN/TURN servers (none: nothing is contacted) and TURN's login
+    ice_servers: tuple[str, ...] = ()
+    turn_username: str | None = None
+    turn_credential: str | None = None
 
 
 def ssl_context(ssl_dir: Path) -> ssl.SSLContext:
@@ -146,7 +152,10 @@ class Server:
             prefill_pool=ThreadPoolExecutor(1, thread_name_prefix="personaplex-prefill"),
             max_sessions=o.max_sessions, max_backlog=o.max_backlog, send_queue=o.send_queue,
             auth_token=o.auth_token, allowed_origins=self._origins, default_voice=default_voice,
-            max_ahead_s=o.max_ahead_s, hosts=self._hosts)
+            max_ahead_s=o.max_ahead_s, hosts=self._hosts,
+            ice=IceOptions(host_addresses(o.host), tuple(o.ice_servers), o.turn_username,
+                           o.turn_credential),
+            call_metrics=CallMetrics(stats.registry))
         self.state.ticker.start()
         # a request line long enough for the longest text_prompt, percent-encoded (aiohttp's
         # 8 KiB default would answer a bare 400 to a prompt of ~2700 characters)

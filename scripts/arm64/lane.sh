@@ -12,7 +12,8 @@
 #      reused while its recipe (this file's package list and suite) is the same; pip's cache
 #      lives inside it, so a warm lane downloads nothing.
 #   3. This checkout copied in (tracked and untracked files, nothing git ignores), then the
-#      install lines of docs/jetson.md's board block run there as written: no torch.
+#      install lines of docs/jetson.md's board block run there as written: no torch; the
+#      webrtc extra's aiortc and PyAV import and make an Opus track.
 #   4. The built-in demo model exported here (x86-64, torch) into a cache, then copied into the
 #      root's per-user cache, as docs/jetson.md says to move one to a board.
 #   5. The same questions on both sides: `run` (greedy and seeded), `stdio`, the Python API, the
@@ -146,6 +147,15 @@ done
 in_root "$SRC/.venv/bin/python" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("torch") is not None)' ||
     die "torch is importable in the root: the board's install must not need it"
 say "installed: $(in_root "$SRC/.venv/bin/python" -c 'import platform, onnxruntime; print(platform.machine(), "Python", platform.python_version(), "onnxruntime", onnxruntime.__version__)' 2>/dev/null)"
+# serve's WebRTC calls: aiortc and PyAV from their aarch64 wheels, and the server's call path
+# imported as a call imports it (an Opus track's codec made and one packet through it)
+in_root "$SRC/.venv/bin/python" -c '
+import aiortc, av
+from personaplex_edge.runtime.serve import webrtc_call, webrtc_media
+track = webrtc_media.AnswerTrack(24000)
+print("webrtc: aiortc", aiortc.__version__, "av", av.__version__)' >"$WORK/webrtc.log" 2>&1 ||
+    { cat "$WORK/webrtc.log"; die "the webrtc extra does not import on the board"; }
+say "$(tail -1 "$WORK/webrtc.log")"
 
 # -- 4. the demo model, exported here and moved to the "board" -------------------------------
 say "exporting the built-in demo model on x86-64"
