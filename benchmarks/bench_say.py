@@ -1,8 +1,9 @@
 """`say` in figures: how soon words start, how fast they go, and what an idle word queue costs a
-frame, side by side with a baseline tree (main) that has no word queue at all.
+frame, side by side with a baseline tree that has no word queue at all (by default the commit
+before runtime/say.py was added).
 
     python benchmarks/bench_say.py [--model demo|tiny|mid] [--frames 400] [--rounds 5]
-                                   [--baseline main] [--work DIR] [--json out.json]
+                                   [--baseline REF] [--work DIR] [--json out.json]
 
 1. Latency: texts said at several steps of a conversation (sampled, seeded; and greedy): steps
    from say() to the first word's EPAD (the "started" event; moshi's machine forces it at
@@ -12,9 +13,10 @@ frame, side by side with a baseline tree (main) that has no word queue at all.
    per word. On random weights the model rarely asks for a word by itself, so the machine forces
    one after max_padding (6) PADs: a real model's pace is its own and faster.
 3. The idle queue: frame times of a conversation that never says anything, this tree against
-   `--baseline` (a git ref, exported with `git archive` into the work directory and imported
-   instead of this tree), in alternating child processes, so the machine's other load falls on
-   both alike; plus the idle path's own host time per frame, timed in isolation.
+   `--baseline` (a git ref without runtime/say.py, exported with `git archive` into the work
+   directory and imported instead of this tree; a ref that has it is refused: the comparison
+   would be of the queue with itself), in alternating child processes, so the machine's other
+   load falls on both alike; plus the idle path's own host time per frame, timed alone.
 
 Run it on a quiet machine: the idle difference is far below the frame time's own jitter.
 """
@@ -100,12 +102,28 @@ def child(model_dir: str, frames: int) -> None:
                       "ms": times[20:]}))
 
 
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def default_baseline() -> str:
+    """The last commit without the word queue: the parent of the one that added
+    runtime/say.py."""
+    added = _git("log", "--diff-filter=A", "--format=%H", "--", "runtime/say.py").split()
+    return added[-1] + "^"
+
+
 def baseline_tree(ref: str, work: Path) -> Path:
     """`ref` of this repository laid out as an importable package (pyproject's package-dir:
-    runtime/ and export/ inside personaplex_edge/), under `work`."""
-    out = work / f"tree-{ref.replace('/', '_')}"
-    sha = subprocess.run(["git", "rev-parse", ref], cwd=ROOT, capture_output=True, text=True,
-                         check=True).stdout.strip()
+    runtime/ and export/ inside personaplex_edge/), under `work`; SystemExit for a ref that
+    has a word queue already."""
+    sha = _git("rev-parse", ref)
+    if _git("ls-tree", "--name-only", sha, "runtime/say.py"):
+        raise SystemExit(f"--baseline {ref} ({sha[:10]}) has runtime/say.py: the idle figures "
+                         "would compare the word queue with itself; give a ref from before it "
+                         f"(the default is {default_baseline()})")
+    out = work / f"tree-{sha[:12]}"
     if (out / "sha").is_file() and (out / "sha").read_text() == sha:
         return out
     src = work / "src"
@@ -159,7 +177,8 @@ def main() -> None:
     p.add_argument("--model", default="demo", choices=["demo", "tiny", "mid"])
     p.add_argument("--frames", type=int, default=400)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--baseline", default="main", help="git ref of the tree to compare with")
+    p.add_argument("--baseline", help="git ref of a tree without say to compare with "
+                                      "(default: the commit before runtime/say.py was added)")
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "bench_say")
     p.add_argument("--json", type=Path)
     p.add_argument("--child")
@@ -169,15 +188,18 @@ def main() -> None:
 
     from models import exported
 
+    args.baseline = args.baseline or default_baseline()
+    tree = baseline_tree(args.baseline, args.work)  # refused before anything is measured
     args.work.mkdir(parents=True, exist_ok=True)
     model_dir = exported(args.model, args.work, log=log)
-    result = {"model": args.model, "say": say_figures(model_dir)}
+    result = {"model": args.model, "baseline": {"ref": args.baseline,
+                                                "sha": (tree / "sha").read_text()},
+              "say": say_figures(model_dir)}
     s = result["say"]
     log(f"say -> first EPAD: {s['to_epad_steps']} steps (the frame out one later); "
         f"{s['words_per_s_median']:.2f} words/s (median of {len(s['runs'])}, "
         f"{s['words']} words)")
 
-    tree = baseline_tree(args.baseline, args.work)
     ms: dict[str, list[float]] = {"this": [], args.baseline: []}
     for r in range(args.rounds):  # alternating, so the machine's load falls on both
         for name, t in ((args.baseline, tree), ("this", None)):

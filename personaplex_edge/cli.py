@@ -14,13 +14,35 @@ import time
 from pathlib import Path
 
 from . import __version__
-from .contract import BACKENDS, PRECISIONS
+from .contract import BACKENDS, DEVICES, PRECISIONS
 from .errors import PersonaPlexError
 from .model_ref import need_export_extra, resolve_model
 
 PRECISION_CHOICES = PRECISIONS  # from the contract: building the parser needs no export extra
 MODEL_HELP = ("model directory, an exported model on the Hugging Face hub (OWNER/NAME"
               "[@REVISION]), or a built-in model name (demo, tiny)")
+
+
+class SayAction(argparse.Action):
+    """`--say TEXT` and `--say-at SECONDS` into one list of (text, seconds or None), in their
+    order on the command line: a --say-at times the --say before it, and only that one."""
+
+    def __call__(self, parser, namespace, value, option_string=None) -> None:
+        says = list(getattr(namespace, self.dest) or [])
+        if option_string == "--say":
+            says.append((value, None))
+        else:
+            if not says:
+                parser.error(f"--say-at {value:g} before any --say: give it after the --say "
+                             "it times")
+            text, at = says[-1]
+            if at is not None:
+                parser.error(f"a second --say-at for --say {text!r}: each --say takes one, "
+                             "after it")
+            if not value >= 0 or value == float("inf"):
+                parser.error(f"--say-at {value}: seconds from the start of the input, >= 0")
+            says[-1] = (text, value)
+        setattr(namespace, self.dest, says)
 
 
 def _note(message: str) -> None:
@@ -267,9 +289,9 @@ def cmd_run(args) -> int:
     from .runtime.text import Transcript, write_records
 
     pcm = read_audio(args.input)  # before the model loads: a bad file fails fast
-    from .runtime.say import said_line, timed_says
+    from .runtime.say import check_say_text, said_line
 
-    says = timed_says(args.say, args.say_at)
+    says = [(at or 0.0, check_say_text(text, "--say")) for text, at in args.says or []]
     model, conv = _conversation(args)
     if args.user_text_out and not conv.transcribing:
         raise PersonaPlexError(f"--user-text-out: {model.model_dir} has no transcriber; add one "
@@ -284,8 +306,7 @@ def cmd_run(args) -> int:
         plan = SayPlan(says, model.sample_rate / model.frame_size)
 
         def step(frame):
-            for words in plan.arrivals(conv.position - conv.prompt_frames):
-                conv.say(words)
+            plan.say_due(conv.position - conv.prompt_frames, conv.say)
             audio, token = conv.core.step(frame)
             transcript.add(token)
             if heard is not None:
@@ -497,7 +518,8 @@ def cmd_serve(args) -> int:
         persona=Persona(text_prompt=args.text_prompt, voice=args.voice_prompt,
                         enabled=not args.no_persona),
         max_backlog=args.max_backlog_frames, device=args.device, threads=args.threads,
-        persona_cache=_persona_cache(args, _note)),
+        persona_cache=_persona_cache(args, _note), ice_servers=tuple(args.ice_server or ()),
+        turn_username=args.turn_username, turn_credential=args.turn_credential),
         progress=_note)
 
 
@@ -507,7 +529,7 @@ def _listed(value: str | None) -> tuple[str, ...]:
 
 
 def _add_runtime_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+    p.add_argument("--device", default="auto", choices=DEVICES,
                    help="where the graphs run (auto: CUDA when onnxruntime-gpu can use it)")
     p.add_argument("--threads", type=int, default=None,
                    help="onnxruntime threads (default: PERSONAPLEX_THREADS, else all cores)")
@@ -515,6 +537,9 @@ def _add_runtime_args(p: argparse.ArgumentParser) -> None:
 
 def _add_conversation_args(p: argparse.ArgumentParser, model_default: str | None = None) -> None:
     from .runtime.persona import DEFAULT_TEXT_PROMPT
+    from .runtime.sampling import SamplingParams
+
+    d = SamplingParams()  # the reference's defaults
 
     p.add_argument("--model", default=model_default, required=model_default is None,
                    help=MODEL_HELP)
@@ -528,10 +553,12 @@ def _add_conversation_args(p: argparse.ArgumentParser, model_default: str | None
                    help="also keep prefilled personas in this directory, across runs")
     p.add_argument("--greedy", action="store_true", help="argmax instead of sampling")
     p.add_argument("--seed", type=int, default=None, help="seed of the sampling noise")
-    p.add_argument("--temp", type=float, default=0.8, help="audio temperature (0.8)")
-    p.add_argument("--temp-text", type=float, default=0.7, help="text temperature (0.7)")
-    p.add_argument("--top-k", type=int, default=250, help="audio top-k (250)")
-    p.add_argument("--top-k-text", type=int, default=25, help="text top-k (25)")
+    p.add_argument("--temp", type=float, default=d.temp, help=f"audio temperature ({d.temp})")
+    p.add_argument("--temp-text", type=float, default=d.temp_text,
+                   help=f"text temperature ({d.temp_text})")
+    p.add_argument("--top-k", type=int, default=d.top_k, help=f"audio top-k ({d.top_k})")
+    p.add_argument("--top-k-text", type=int, default=d.top_k_text,
+                   help=f"text top-k ({d.top_k_text})")
     _add_runtime_args(p)
 
 
@@ -628,10 +655,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--user-text-out", metavar="FILE",
                    help="what the user said, per input frame as JSON, heard by the model's "
                    "transcriber (export --transcriber); like --text-out")
-    r.add_argument("--say", action="append", metavar="TEXT",
+    r.add_argument("--say", action=SayAction, dest="says", metavar="TEXT",
                    help="words the model says, in its voice, through its text stream (may be "
                         "repeated; docs/say.md)")
-    r.add_argument("--say-at", action="append", type=float, metavar="SECONDS",
+    r.add_argument("--say-at", action=SayAction, dest="says", type=float, metavar="SECONDS",
                    help="when the --say before it arrives: the step ceil(SECONDS x 12.5) of the "
                         "input, 0 being the first frame after the persona (default 0)")
     r.add_argument("--realtime", action="store_true",
@@ -749,6 +776,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "comma-separated (voice.example.com; *: any, behind a balancer)")
     v.add_argument("--voice-dir", help="recordings clients may name as voice_prompt, besides the "
                                        "voice bank")
+    v.add_argument("--ice-server", action="append", metavar="URL",
+                   help="WebRTC calls (/v1/realtime/calls): a STUN or TURN server for clients "
+                        "behind NAT (stun:HOST:PORT, turn:HOST:PORT; repeatable). Default: none "
+                        "is contacted, the calls' candidates are the server's own addresses")
+    v.add_argument("--turn-username", help="the TURN servers' username")
+    v.add_argument("--turn-credential", default=os.environ.get("PERSONAPLEX_TURN_CREDENTIAL"),
+                   help="the TURN servers' password (default: $PERSONAPLEX_TURN_CREDENTIAL)")
     _add_backlog_arg(v)
     v.set_defaults(func=cmd_serve)
 
@@ -757,14 +791,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    """A command line as a user types it (SystemExit, with the usage, where it is wrong)."""
+def with_subcommand(argv: list[str]) -> list[str]:
+    """`argv` with the reference's habit - `--mic` instead of a subcommand - spelled as the
+    subcommand (`aec --mic FILE` is an option of aec)."""
     argv = list(argv)
-    # the reference's habit: `--mic` instead of a subcommand (`aec --mic FILE` is an option)
     if "--mic" in argv and argv[0] != "aec":
         argv.remove("--mic")
         argv.insert(0, "mic")
-    return build_parser().parse_args(argv)
+    return argv
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """A command line as a user types it (SystemExit, with the usage, where it is wrong)."""
+    return build_parser().parse_args(with_subcommand(argv))
 
 
 def main(argv: list[str] | None = None) -> int:

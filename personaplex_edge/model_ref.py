@@ -104,18 +104,28 @@ def _builtin(name: str, progress: Callable[[str], None]) -> Path:
     return target
 
 
-def resolve_model(spec: str, progress: Callable[[str], None] = print) -> Path:
-    """The local directory `spec` names (module docstring). Every failure is one
-    PersonaPlexError naming `spec` and what to do."""
+def model_kind(spec: str) -> str:
+    """What `spec` names (module docstring), nothing fetched or exported: "dir", "builtin" or
+    "hub"; one ModelDirError naming `spec` and what to do when it is none of them."""
     path = Path(spec).expanduser()
     if path.is_dir():
-        return path
+        return "dir"
     if spec in builtin_models():
-        return _builtin(spec, progress)
-    hub_id = parse_model_id(spec)
-    if hub_id is not None and not path.parent.is_dir():
-        return fetch_model(*hub_id, progress=progress)
+        return "builtin"
+    if parse_model_id(spec) is not None and not path.parent.is_dir():
+        return "hub"
     raise ModelDirError(f"model directory {spec} does not exist; export one with "
                         "'personaplex-edge export --checkpoint ... --out DIR', name an exported "
                         "model on the Hugging Face hub (OWNER/NAME[@REVISION]), or use a "
                         f"built-in model: {', '.join(builtin_models())}")
+
+
+def resolve_model(spec: str, progress: Callable[[str], None] = print) -> Path:
+    """The local directory `spec` names (module docstring). Every failure is one
+    PersonaPlexError naming `spec` and what to do."""
+    kind = model_kind(spec)
+    if kind == "dir":
+        return Path(spec).expanduser()
+    if kind == "builtin":
+        return _builtin(spec, progress)
+    return fetch_model(*parse_model_id(spec), progress=progress)

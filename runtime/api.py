@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, AsyncIterable, AsyncIterator, Callable, Iterab
 
 import numpy as np
 
+from personaplex_edge.contract import AUDIO_NOISE, DEPFORMER_STEP, HELIUM_STEP, TEXT_NOISE
 from personaplex_edge.errors import AudioError
 
 from . import conversation as core
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = ["Conversation", "Heard", "Model", "Response", "SayEvent", "Utterance", "load"]
 
 Progress = Callable[[str], None]
+_SAMPLING = SamplingParams()  # the reference's defaults
 
 
 def load(model: str | Path, device: str = "auto", threads: int | None = None, *,
@@ -126,6 +128,15 @@ class Model:
         return self.loaded.config
 
     @property
+    def top_k_max(self) -> tuple[int, int]:
+        """(text, audio): the largest top-k the model's graphs were exported with."""
+        graphs = self.manifest.graphs
+
+        def last_dim(graph: str, name: str) -> int:
+            return next(t for t in graphs[graph].inputs if t.name == name).shape[-1]
+        return last_dim(HELIUM_STEP, TEXT_NOISE), last_dim(DEPFORMER_STEP, AUDIO_NOISE)
+
+    @property
     def runs_on(self) -> list[str]:
         """Where the graphs run, e.g. ['onnxruntime:CPUExecutionProvider']."""
         return self.loaded.runs_on
@@ -147,9 +158,10 @@ class Model:
     # -- conversations ----------------------------------------------------------------------
     def conversation(self, text_prompt: str | None = DEFAULT_TEXT_PROMPT,
                      voice: str | Path | None = None, *, persona: bool = True,
-                     greedy: bool = False, seed: int | None = None, temp: float = 0.8,
-                     temp_text: float = 0.7, top_k: int = 250,
-                     top_k_text: int = 25) -> "Conversation":
+                     greedy: bool = False, seed: int | None = None,
+                     temp: float = _SAMPLING.temp, temp_text: float = _SAMPLING.temp_text,
+                     top_k: int = _SAMPLING.top_k,
+                     top_k_text: int = _SAMPLING.top_k_text) -> "Conversation":
         """A new conversation, its persona run (or restored from the persona cache) so that
         its first step answers as the persona; the defaults are `personaplex-edge run`'s.
 
@@ -269,8 +281,7 @@ class Conversation:
         plan = SayPlan(say, self.sample_rate / self.frame_size)
         kept = self.core.on_heard
         for i in range(built.frames):
-            for text in plan.arrivals(i):
-                self.say(text)
+            plan.say_due(i, self.say)
             answer, token = self.core.step(self._frame(built.frame(i)))
             if piece := built.add(i, answer, token):
                 self._pieces.append(piece)
@@ -286,6 +297,8 @@ class Conversation:
         model's text stream one by one, each when the model asks for a word. Events per word
         (started, done, cancelled) come from `say_events()` or `on_say`. The user speaking
         does not cancel them; `cancel_say()` does. Write numbers as words. Thread-safe.
+        A text over 4096 characters, or one the queue cannot take, is refused (PersonaPlexError;
+        docs/say.md, Limits).
 
             >>> conv.say("Your tea is ready.")
             Utterance(id=1, text='Your tea is ready.', words=('Your', 'tea', 'is', 'ready.'))

@@ -27,7 +27,7 @@ from .persona import Persona, build_persona, persona_key
 from .persona_cache import PersonaCache, Snapshot
 from .sampling import SamplingParams
 from .heard import Heard
-from .say import SayEvent, Utterance, script_words
+from .say import SayEvent, Utterance, check_say_text, script_words
 
 MAX_KEPT_EVENTS = 4096  # word events kept for say_events() when nobody collects them
 
@@ -143,8 +143,10 @@ class Conversation:
     def say(self, text: str) -> Utterance:
         """Queues `text`'s words, after any still queued: from the next step on, the model's
         text stream takes them one by one, when the model asks for a word (runtime/say.py).
-        Thread-safe; the user speaking does not cancel them."""
+        Thread-safe; the user speaking does not cancel them. SayError (nothing queued) for a
+        text check_say_text refuses or a queue that would pass MAX_QUEUED_WORDS."""
         self.check_open()
+        check_say_text(text)
         uid = next(self._utterances)
         words = script_words(text, self.model.text.encode,
                              self.model.sample_rate / self.model.frame_size, uid)

@@ -3,7 +3,9 @@ row, so changing them needs no re-export) and the seeded Gumbel noise of its bat
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -22,15 +24,21 @@ class SamplingParams:
     greedy: bool = False
     seed: int | None = None
 
-    def check(self, k_max_text: int, k_max_audio: int) -> None:
-        for name, k, k_max in (("top-k-text", self.top_k_text, k_max_text),
-                               ("top-k", self.top_k, k_max_audio)):
+    def check(self, k_max_text: int, k_max_audio: int,
+              name: Callable[[str], str] = lambda field: "--" + field.replace("_", "-")
+              ) -> None:
+        """PersonaPlexError for what a model with these largest top-k cannot sample with; the
+        message names each field as `name` spells it (a flag by default, a config key for the
+        assistant)."""
+        for field, k, k_max in (("top_k_text", self.top_k_text, k_max_text),
+                                ("top_k", self.top_k, k_max_audio)):
             if not 1 <= k <= k_max:
-                raise PersonaPlexError(f"--{name} {k} is outside 1..{k_max} (the largest top-k "
-                                       "this model was exported with)")
-        for name, t in (("temp-text", self.temp_text), ("temp", self.temp)):
-            if not t > 0:
-                raise PersonaPlexError(f"--{name} must be above 0 (use --greedy for argmax)")
+                raise PersonaPlexError(f"{name(field)} {k} is outside 1..{k_max} (the largest "
+                                       "top-k this model was exported with)")
+        for field, t in (("temp_text", self.temp_text), ("temp", self.temp)):
+            if not (t > 0 and math.isfinite(t)):
+                raise PersonaPlexError(f"{name(field)} must be a finite number above 0 (use "
+                                       f"{name('greedy')} for argmax)")
 
 
 class RowNoise:

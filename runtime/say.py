@@ -35,11 +35,37 @@ from personaplex_edge.streams import TEXT_EPAD, TEXT_PAD
 
 MAX_PADDING = 6  # PADs the model may take in a row before a word is forced on it (480 ms)
 INITIAL_PADDING = 2  # PADs forced before the first word (160 ms), so its start is not cut
+# One text to say, on every surface (SAY, the assistant's say, a Realtime assistant item, `run
+# --say`, conv.say): more is an app's bug, not speech to queue, and would hold the stepping
+# thread while it is split and encoded.
+MAX_SAY_CHARS = 4096
+# Entries (words and breaks) one conversation holds queued: some ten minutes of speech. Past it
+# a say is refused, so a client saying faster than the model speaks cannot grow the queue.
+MAX_QUEUED_WORDS = 2048
+MAX_BREAK_S = 60.0  # the longest `<break time="..."/>`
 
 # `<break time="2s"/>` (the slash optional) or a run of whitespace: where words end
 _SPLIT = re.compile(r'<break\s+time="([0-9]+(?:\.[0-9]*)?)s"\s*/?>|\s+')
 # characters the TTS's text normalisation replaces before splitting
 _REPLACE = str.maketrans({"\u2019": "'", ":": " ", "(": None, ")": None})
+
+
+class SayError(PersonaPlexError):
+    """Words a conversation does not take (the reason names the limit and what to do)."""
+
+
+def check_say_text(text: object, what: str = "the text to say") -> str:
+    """`text` if a conversation takes it: a string with something to say, at most
+    MAX_SAY_CHARS characters; SayError naming `what` otherwise. Every surface asks this before
+    it queues anything, so a refusal is the same everywhere."""
+    if not isinstance(text, str):
+        raise SayError(f"{what} is a string, not {type(text).__name__}")
+    if len(text) > MAX_SAY_CHARS:
+        raise SayError(f"{what} has {len(text)} characters, over the limit of {MAX_SAY_CHARS}; "
+                       "say it in parts (each is queued after the last)")
+    if not text.strip():
+        raise SayError(f"{what} is empty: give the words to say")
+    return text
 
 
 @dataclass(frozen=True)
@@ -84,7 +110,8 @@ class Utterance:
 
 def script_words(text: str, encode: Callable[[str], list[int]], frame_rate: float,
                  utterance: int = 0) -> list[Word]:
-    """`text` -> the queue's entries: words (their pieces from `encode`) and breaks, in order."""
+    """`text` -> the queue's entries: words (their pieces from `encode`) and breaks, in order.
+    One pass over the text (the pieces between the separators are sliced once each)."""
     words: list[Word] = []
     index = itertools.count()
 
@@ -92,18 +119,19 @@ def script_words(text: str, encode: Callable[[str], list[int]], frame_rate: floa
         tokens = tuple(encode(chunk))
         words.append(Word(chunk, tokens, 0, utterance, next(index) if tokens else -1))
 
-    rest = text.translate(_REPLACE)
-    while rest:
-        m = _SPLIT.search(rest)
-        if m is None:
-            break
-        if m.start():
-            word(rest[:m.start()])
-        rest = rest[m.end():]
+    text = text.translate(_REPLACE)
+    at = 0
+    for m in _SPLIT.finditer(text):
+        if m.start() > at:
+            word(text[at:m.start()])
+        at = m.end()
         if m.group(1):
-            words.append(Word("", (), int(round(float(m.group(1)) * frame_rate)), utterance))
-    if rest:
-        word(rest)
+            seconds = float(m.group(1))
+            if seconds > MAX_BREAK_S:
+                raise SayError(f"a break of {m.group(1)} s, over the limit of {MAX_BREAK_S:g} s")
+            words.append(Word("", (), int(round(seconds * frame_rate)), utterance))
+    if at < len(text):
+        word(text[at:])
     return words
 
 
@@ -113,17 +141,6 @@ def arrival_step(seconds: float, frame_rate: float) -> int:
     if seconds < 0 or not math.isfinite(seconds):
         raise PersonaPlexError(f"words timed at {seconds} s: give seconds from the start, >= 0")
     return max(0, math.ceil(round(seconds * frame_rate, 9)))
-
-
-def timed_says(texts: Sequence[str] | None,
-               seconds: Sequence[float] | None) -> list[tuple[float, str]]:
-    """`run --say TEXT --say-at SECONDS ...` -> (seconds, text) pairs: the i-th time goes with
-    the i-th text, 0 s for a text without one."""
-    texts, seconds = list(texts or []), list(seconds or [])
-    if len(seconds) > len(texts):
-        raise PersonaPlexError(f"{len(seconds)} --say-at for {len(texts)} --say: give each "
-                               "--say-at after the --say it times")
-    return list(zip(seconds + [0.0] * (len(texts) - len(seconds)), texts))
 
 
 def said_line(events: Iterable[SayEvent], first_step: int = 0) -> str:
@@ -144,12 +161,11 @@ class SayPlan:
         self._due = deque(sorted(((arrival_step(s, frame_rate), t) for s, t in says),
                                  key=lambda st: st[0]))
 
-    def arrivals(self, step: int) -> list[str]:
-        """The texts due at or before `step` not handed out yet, in time order."""
-        out = []
+    def say_due(self, step: int, say: Callable[[str], object]) -> None:
+        """say(text) for each text due at or before `step` not handed out yet, in time order
+        (before that step is stepped)."""
         while self._due and self._due[0][0] <= step:
-            out.append(self._due.popleft()[1])
-        return out
+            say(self._due.popleft()[1])
 
 
 class SayMachine:
@@ -169,9 +185,14 @@ class SayMachine:
         self._left: dict[int, int] = {}  # utterance -> its words not yet done or cancelled
 
     def add(self, words: Sequence[Word]) -> None:
-        """Appends words; an idle machine starts, with its initial padding."""
+        """Appends words; an idle machine starts, with its initial padding. SayError, nothing
+        queued, when they would take the queue past MAX_QUEUED_WORDS."""
         if not words:
             return
+        if len(self.words) + len(words) > MAX_QUEUED_WORDS:
+            raise SayError(f"{len(self.words)} words are still queued and {len(words)} more "
+                           f"would pass the limit of {MAX_QUEUED_WORDS}: wait for their events "
+                           "or cancel them")
         if not self.running:
             self.running = True
             self.remaining_padding = self.forced_padding = self.initial_padding

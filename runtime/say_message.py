@@ -18,14 +18,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from personaplex_edge.errors import PersonaPlexError
-
-from .say import SayEvent, Utterance
-
-MAX_SAY_CHARS = 4096  # one command's text: more is an app's bug, not speech to queue
+from .say import SayError, SayEvent, Utterance, check_say_text
 
 
-class SayMessageError(PersonaPlexError):
+class SayMessageError(SayError):
     """A SAY payload that is not a command this side takes (the reason names the fix)."""
 
 
@@ -45,11 +41,7 @@ def parse_command(payload: bytes) -> SayCommand:
     text = data.get("say") if isinstance(data, dict) else None
     if not isinstance(text, str):
         raise SayMessageError('a SAY message is {"say": "text"} or {"cancel": true}')
-    if len(text) > MAX_SAY_CHARS:
-        raise SayMessageError(f"a SAY text of {len(text)} characters, over the limit of "
-                              f"{MAX_SAY_CHARS}; send it in parts (each is queued after the "
-                              "last)")
-    return SayCommand(text=text)
+    return SayCommand(text=check_say_text(text, "a SAY message's text"))
 
 
 def _json(data: dict) -> bytes:

@@ -7,14 +7,27 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-from typing import Callable
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Iterator
+
+
+def package_lib_dirs() -> list[Path]:
+    """Where macOS package managers put libraries that the loader's default search misses:
+    Homebrew's prefix ($HOMEBREW_PREFIX; /opt/homebrew on Apple silicon, /usr/local on Intel)
+    and MacPorts' /opt/local. Elsewhere none: the loader's own search finds apt's."""
+    if sys.platform != "darwin":
+        return []
+    prefixes = [os.environ.get("HOMEBREW_PREFIX"), "/opt/homebrew", "/usr/local", "/opt/local"]
+    return [Path(p) / "lib" for p in dict.fromkeys(p for p in prefixes if p)]
 
 
 class SystemLibrary:
     """`load()` the library with its signatures declared by `declare`, or None when it is not
     installed; `missing_reason()` then says what was tried. Names without a dot go through
     `ctypes.util.find_library` (a short name, e.g. "opus"); names with one are sonames tried
-    as they are (e.g. "libopus.so.0", "libopus.0.dylib")."""
+    as they are (e.g. "libopus.so.0", "libopus.0.dylib"), then in package_lib_dirs()."""
 
     def __init__(self, names: tuple[str, ...], declare: Callable[[ctypes.CDLL], None]):
         self.names = names
@@ -26,10 +39,7 @@ class SystemLibrary:
         if self._lib is not None or self._error is not None:
             return self._lib
         tried = []
-        for name in self.names:
-            path = ctypes.util.find_library(name) if "." not in name else name
-            if not path:
-                continue
+        for path in self._candidates():
             try:
                 lib = ctypes.CDLL(path)
             except OSError as e:
@@ -40,6 +50,18 @@ class SystemLibrary:
             return lib
         self._error = "; ".join(tried) or f"lib{self.names[0]} not found"
         return None
+
+    def _candidates(self) -> Iterator[str]:
+        for name in self.names:
+            if "." not in name:
+                found = ctypes.util.find_library(name)
+                if found:
+                    yield found
+                continue
+            yield name
+            for directory in package_lib_dirs():
+                if (directory / name).is_file():
+                    yield str(directory / name)
 
     def missing_reason(self) -> str:
         return self._error or ""

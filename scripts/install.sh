@@ -9,15 +9,23 @@ if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     # PortAudio for sounddevice; speexdsp for the echo canceller and libopus for the server's
     # Opus (both loaded through ctypes);
     # PulseAudio (a null sink and its monitor) for the live-audio test; chromium (headless, the
-    # serve page's browser test) and openssl (its TLS test's certificate); systemd (the
-    # assistant's unit checked by systemd-analyze verify), espeak-ng and sox (its benchmarks'
-    # speech and music); nginx (the manual's fleet recipe, run by a test in front of two
-    # servers: the binary only, see below)
+    # serve page's browser test; iproute2 brings up the loopback of the network namespace its
+    # WebRTC calls run in) and openssl (its TLS test's certificate); systemd and
+    # dbus-daemon (the assistant's unit checked by systemd-analyze verify and started under a
+    # user manager of the test's own), espeak-ng and sox (its benchmarks' speech and music);
+    # nginx (the manual's fleet recipe, run by a test in front of two servers: the binary
+    # only, see below); libogg (an Ogg writer the server's reader is tested against) and
+    # node (stdio's client in another language). In CI a test that skips for one of these
+    # fails (tests/ci_parts.py).
     missing=""
-    for pkg in libsndfile1 libportaudio2 libspeexdsp1 libopus0 pulseaudio pulseaudio-utils \
-               libasound2-plugins chromium openssl systemd espeak-ng sox nginx; do
+    for pkg in libsndfile1 libportaudio2 libspeexdsp1 libopus0 libogg0 pulseaudio \
+               pulseaudio-utils libasound2-plugins chromium iproute2 openssl systemd dbus-daemon \
+               espeak-ng sox nginx nodejs; do
         dpkg -s "$pkg" >/dev/null 2>&1 || missing="$missing $pkg"
     done
+    # npm (OpenAI's browser Agents SDK for the WebRTC test, below): Debian packs it apart from
+    # nodejs; a node that brings its own npm needs none
+    command -v npm >/dev/null 2>&1 || missing="$missing npm"
     if [ -n "$missing" ]; then
         apt-get update -q
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $missing
@@ -58,8 +66,8 @@ else
 fi
 # The runtime with onnxruntime for the CPU (the `cpu` extra: never beside onnxruntime-gpu),
 # the export, the tests (and mkdocs-material, which builds the manual under docs/), the sound
-# devices, the server and the assistant.
-python -m pip install -q -e ".[cpu,export,dev,audio,serve,assistant]"
+# devices, the server with its WebRTC calls, and the assistant.
+python -m pip install -q -e ".[cpu,export,dev,audio,serve,webrtc,assistant]"
 # The test reference. It pins torch<2.10, so it goes in without its dependencies (the light
 # ones are in the dev extra).
 python -m pip install -q --no-deps "moshi==0.2.13"
@@ -67,4 +75,10 @@ python -m pip install -q --no-deps "moshi==0.2.13"
 # code imports torch, so no extra can name it): without its dependencies, as docs/assistant.md
 # tells users.
 python -m pip install -q --no-deps "silero-vad==6.2.3"
+# OpenAI's Agents SDK for the browser (its WebRTC transport is a client the browser test
+# drives against serve), where npm is: into .venv/npm, nothing global
+if command -v npm >/dev/null 2>&1 && \
+        [ ! -f .venv/npm/node_modules/@openai/agents-realtime/dist/bundle/openai-realtime-agents.umd.js ]; then
+    npm install --silent --no-audit --no-fund --prefix .venv/npm "@openai/agents-realtime@0.20.0"
+fi
 echo "installed into .venv: $(python -c 'import torch, onnxruntime; print("torch", torch.__version__, "onnxruntime", onnxruntime.__version__)')"

@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+import soundfile as sf
 from pulse import start_pulse
 
 HELLO = Path(__file__).resolve().parents[1] / "personaplex_edge" / "data" / "hello.wav"
@@ -89,6 +90,7 @@ class AssistantService:
         self.runtime.mkdir(exist_ok=True)
         self.pulse, self.env = start_pulse(self.runtime, room=True)
         self.socket_path = self.tmp / "control.sock"
+        self._played_until = 0.0  # monotonic time the last sound played ends
         self.config = self.tmp / "assistant.toml"
         self.model_dir = model_dir
         self.write_config(sleep_after=sleep_after, extra=extra_config)
@@ -135,7 +137,13 @@ class AssistantService:
         """Plays `path` into the microphone's sink; -> the monotonic time it was started."""
         t = time.monotonic()
         subprocess.Popen(["paplay", "--device=room", str(path)], env=self.env)
+        self._played_until = max(self._played_until, t + sf.info(str(path)).duration)
         return t
+
+    def wait_played(self, margin: float = 0.5) -> None:
+        """Until everything played so far has ended (and `margin` more): a command that must
+        not race a voice still in the microphone waits for this."""
+        time.sleep(max(0.0, self._played_until + margin - time.monotonic()))
 
     def kill_sound_server(self) -> None:
         self.pulse.kill()

@@ -23,6 +23,6 @@ def side_venv(name: str, requirements: tuple[str, ...]) -> Path:
     pip = subprocess.run([str(python), "-m", "pip", "install", "-q", *requirements],
                          capture_output=True, text=True, timeout=900)
     if pip.returncode != 0:
-        pytest.skip(f"pip cannot install {wanted} here: {pip.stderr.strip()[-300:]}")
+        pytest.skip(f"pip cannot install {wanted}: {pip.stderr.strip()[-300:]}")
     stamp.write_text(wanted)
     return python

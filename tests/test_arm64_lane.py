@@ -42,15 +42,32 @@ def requirements_of(names: list[str]) -> set[str]:
     return found
 
 
+def test_the_lane_installs_the_tools_it_calls_before_it_calls_them():
+    """Step 1 installs the Debian package of every tool the lane runs on the x86-64 side, so a
+    bare machine (a container without curl or procps) runs it as CI does."""
+    text = (ROOT / "scripts" / "arm64" / "lane.sh").read_text()
+    code = "\n".join(line.split("#", 1)[0] for line in text.splitlines())
+    listed = re.search(r"^for pkg in ([^;]+); do$", code, re.M)
+    installed = listed.group(1).split()
+    code = code[listed.end():]  # what runs after the list
+    first_use = code.index("apt-get install")
+    for tool, package in {"curl": "curl", "pgrep": "procps", "debootstrap": "debootstrap",
+                          "update-binfmts": "binfmt-support"}.items():
+        uses = [m.start() for m in re.finditer(rf"(?<![\w-]){tool}(?![\w-])", code)]
+        assert uses, tool
+        assert package in installed and min(uses) > first_use, (tool, package)
+
+
 def test_the_board_block_installs_the_runtime_and_the_server_without_torch_or_rust():
     lines = block((ROOT / "docs" / "jetson.md").read_text(), "board-install")
     apt = next(line for line in lines if "apt-get install" in line).split()
     assert {"libopus0", "libspeexdsp1", "libportaudio2", "python3-venv"} <= set(apt)
     pip = next(line for line in lines if "pip install -e" in line)
     named = re.search(r'"\.\[([^\]]+)\]"', pip).group(1).split(",")
-    assert {"jetson", "cpu", "audio", "serve", "assistant"} == set(named)
+    assert {"jetson", "cpu", "audio", "serve", "webrtc", "assistant"} == set(named)
     brought = requirements_of(named)
-    assert {"onnxruntime", "aiohttp", "sounddevice", "cuda-python", "webrtcvad-wheels"} <= brought
+    assert {"onnxruntime", "aiohttp", "sounddevice", "cuda-python", "webrtcvad-wheels",
+            "aiortc", "av"} <= brought
     # torch is the export's; sphn has no aarch64 wheel (pip would build it with Rust)
     assert not brought & {"torch", "sphn", "onnxruntime-gpu"}
     # silero-vad's own requirements are torch and torchaudio: only its model file is wanted

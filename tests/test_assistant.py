@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -23,13 +24,13 @@ from personaplex_edge.runtime.assistant.config import load_config
 
 needs_pulse = pytest.mark.skipif(
     shutil.which("pulseaudio") is None or shutil.which("paplay") is None,
-    reason="no PulseAudio here (apt-get install pulseaudio pulseaudio-utils; scripts/install.sh "
-           "does, so CI runs these tests)")
+    reason="PulseAudio is not installed (apt-get install pulseaudio pulseaudio-utils; "
+           "scripts/install.sh does, so CI runs these tests)")
 
 
-def _cli(*args, env=None, timeout=60) -> subprocess.CompletedProcess:
+def _cli(*args, env=None, timeout=60, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "personaplex_edge.cli", "assistant", *args],
-                          capture_output=True, text=True, timeout=timeout, env=env)
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
 
 
 # -- the config -----------------------------------------------------------------------------------
@@ -61,6 +62,12 @@ def test_no_file_at_the_default_path_means_the_defaults(tmp_path, monkeypatch):
     ("[idle]\nvad_threshold = 1.5\n", "idle.vad_threshold: expected a number from 0 to 1"),
     ("[audio]\naec = \"yes\"\n", "audio.aec: expected true or false"),
     ("model = \n", "not valid TOML"),
+    # values that passed a type check and then crashed, spun or took all memory
+    ("[idle]\nsleep_after = inf\n", "idle.sleep_after: expected a finite number"),
+    ("[idle]\nsleep_after = nan\n", "idle.sleep_after: expected a finite number"),
+    ("[audio]\nretry_seconds = nan\n", "audio.retry_seconds: expected a finite number"),
+    ("[idle]\npreroll_ms = 100000000\n", "idle.preroll_ms: expected an integer from 0 to 10000"),
+    ("[sampling]\ntemp = 0\n", "sampling.temp: expected a number above 0"),
 ])
 def test_a_bad_value_is_one_message_naming_the_key_and_exit_2(tmp_path, text, named):
     path = tmp_path / "bad.toml"
@@ -72,9 +79,12 @@ def test_a_bad_value_is_one_message_naming_the_key_and_exit_2(tmp_path, text, na
     assert "Traceback" not in done.stderr and str(path) in done.stderr
 
 
-def test_a_bad_flag_is_named_as_the_flag():
-    done = _cli("--sleep-after", "-1", "--no-socket")
-    assert done.returncode == 2 and "--sleep-after: expected at least 0" in done.stderr
+@pytest.mark.parametrize("value, said", [("-1", "expected a number from 0 to 86400"),
+                                         ("inf", "expected a finite number"),
+                                         ("nan", "expected a finite number")])
+def test_a_bad_flag_is_named_as_the_flag(value, said):
+    done = _cli("--sleep-after", value, "--no-socket")
+    assert done.returncode == 2 and f"--sleep-after: {said}" in done.stderr, done.stderr
 
 
 def test_a_socket_in_use_is_refused_before_the_model_loads(tmp_path):
@@ -82,23 +92,99 @@ def test_a_socket_in_use_is_refused_before_the_model_loads(tmp_path):
     other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     other.bind(str(path))
     other.listen(1)
-    try:  # a model that does not exist: the refusal must come first
-        done = _cli("--socket", str(path), "--model", str(tmp_path / "no-model"))
+    try:  # the built-in model is exported on its first use: the refusal must come first
+        done = _cli("--socket", str(path), "--model", "demo")
     finally:
         other.close()
     assert done.returncode == 2 and "another assistant answers on" in done.stderr, done.stderr
     assert path.exists()  # the other's socket is left alone
 
 
+@pytest.mark.parametrize("where, said", [("under a file", "is not a directory"),
+                                         ("in /proc", "cannot make or enter"),
+                                         ("too long", "a Unix socket's path may have")])
+def test_a_socket_path_that_cannot_hold_a_socket_is_one_message(tmp_path, where, said):
+    (tmp_path / "a-file").write_text("")
+    path = {"under a file": tmp_path / "a-file" / "sub" / "assistant.sock",
+            "in /proc": Path("/proc/personaplex-edge-none/assistant.sock"),
+            "too long": tmp_path / ("x" * 120) / "assistant.sock"}[where]
+    done = _cli("--socket", str(path), "--model", "demo")
+    assert done.returncode == 2 and said in done.stderr, done.stderr
+    assert done.stderr.count("error:") == 1 and "Traceback" not in done.stderr
+    assert "--socket" in done.stderr or "control.socket" in done.stderr
+
+
+def _config_on(model_dir: Path, path: Path, text: str = "") -> Path:
+    path.write_text(f'model = {json.dumps(str(model_dir))}\ndevice = "cpu"\nthreads = 1\n'
+                    f"{text}")
+    return path
+
+
+@pytest.mark.parametrize("text, said", [
+    ("[sampling]\ntop_k = 100000\n", "sampling.top_k 100000 is outside 1.."),
+    ("[sampling]\ntop_k_text = 100000\n", "sampling.top_k_text 100000 is outside 1.."),
+    ('[persona]\nvoice = "NOPE"\n', "persona.voice: no voice 'NOPE'"),
+])
+def test_what_the_model_cannot_take_is_named_by_its_key_at_start(demo_model_dir, tmp_path,
+                                                                 text, said):
+    """Checked against the loaded model before a conversation is opened: the key and its
+    file, not a flag the assistant does not have."""
+    config = _config_on(demo_model_dir, tmp_path / "a.toml", text)
+    done = _cli("--config", str(config), "--no-socket")
+    assert done.returncode == 2 and f"{config}: {said}" in done.stderr, done.stderr
+    assert "--top-k" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_missing_silero_model_is_refused_before_the_model_loads(tmp_path):
+    """At start and by --install-unit (no unit written): the built-in model would be
+    exported on its first use, and it is not."""
+    config = tmp_path / "a.toml"
+    config.write_text('model = "demo"\n[idle]\nvad = "silero"\n'
+                      f'silero_model = {json.dumps(str(tmp_path / "none.onnx"))}\n')
+    for extra in ([], ["--install-unit", "--unit-dir", str(tmp_path / "units")]):
+        done = _cli("--config", str(config), "--no-socket", *extra)
+        assert done.returncode == 2, done.stderr
+        assert f"{config}: idle.vad: idle.silero_model: {tmp_path / 'none.onnx'} does not " \
+               "exist" in done.stderr
+        assert "export" not in done.stdout + done.stderr and "loading" not in done.stdout
+    assert not (tmp_path / "units").exists()
+
+
+def test_a_persona_that_cannot_run_is_refused_at_the_sleep_and_the_last_stays(demo_model):
+    """A reload's persona whose prompt is longer than the context: the gate says so in an
+    event and makes the running persona's conversation again, instead of raising in the
+    audio loop (which ended the service)."""
+    from personaplex_edge.runtime.assistant.idle import IdleGate, IdlePolicy
+    from personaplex_edge.runtime.persona import Persona
+
+    conv = demo_model.open_conversation(persona=Persona(text_prompt="You sell bread."))
+    conv.prefill()
+    events: list[dict] = []
+    gate = IdleGate(conv, demo_model.text, IdlePolicy(sleep_after_frames=3), events.append)
+    gate.set_persona(Persona(text_prompt="word " * (demo_model.context + 10)))
+    for _ in range(5):
+        gate(np.zeros(1920, np.float32))
+    assert gate.asleep
+    refused = [e for e in events if e["event"] == "persona_refused"]
+    assert len(refused) == 1 and "more than this model's context" in refused[0]["reason"]
+    made = [e for e in events if e["event"] == "conversation"]
+    assert made[-1]["text_prompt"] == "You sell bread." and conv.persona.text_prompt == \
+        "You sell bread."
+    gate.request("wake")
+    gate(np.zeros(1920, np.float32))  # and the conversation goes on
+    assert not gate.asleep
+    conv.close()
+
+
 # -- the unit -------------------------------------------------------------------------------------
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None,
-                    reason="no systemd-analyze here (apt-get install systemd; scripts/install.sh "
-                           "does, so CI runs this test)")
+                    reason="systemd-analyze is not installed (apt-get install systemd; "
+                           "scripts/install.sh does, so CI runs this test)")
 def test_the_installed_unit_passes_systemd_analyze_verify(tmp_path):
     config = tmp_path / "my config.toml"
     config.write_text('[idle]\nsleep_after = 30\n')
     done = _cli("--install-unit", "--unit-dir", str(tmp_path / "units"), "--config", str(config),
-                "--voice-prompt", "NATM1")
+                "--voice-prompt", "NATM1", "--model", "demo")
     assert done.returncode == 0, done.stderr
     unit = tmp_path / "units" / "personaplex-edge-assistant.service"
     text = unit.read_text()
@@ -115,6 +201,95 @@ def test_the_installed_unit_passes_systemd_analyze_verify(tmp_path):
     refused = subprocess.run(["systemd-analyze", "verify", str(broken)], capture_output=True,
                              text=True, timeout=60)
     assert refused.returncode != 0 and "nonexistent" in refused.stderr
+
+
+def test_install_unit_writes_absolute_paths_and_no_restart_on_exit_2(demo_model_dir, tmp_path):
+    """Relative flags are written absolute (the unit runs elsewhere), the unit runs in the
+    directory it was written from (a relative path in the config file means what it meant
+    there), and a refused configuration (exit 2) is not restarted every 5 s."""
+    import shlex
+
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / "a.toml").write_text('device = "cpu"\n')
+    (here / "me.wav").write_bytes((Path(__file__).parent.parent / "personaplex_edge" / "data"
+                                   / "hello.wav").read_bytes())
+    model = os.path.relpath(demo_model_dir, here)
+    done = _cli("--install-unit", "--unit-dir", "units", "--config", "a.toml", "--model", model,
+                "--voice-prompt", "me.wav", "--socket", "run/a.sock", "--text-prompt", "Hi.",
+                cwd=here)
+    assert done.returncode == 0, done.stderr
+    text = (here / "units" / "personaplex-edge-assistant.service").read_text()
+    exec_start = shlex.split(next(line for line in text.splitlines()
+                                  if line.startswith("ExecStart="))[len("ExecStart="):])
+    flags = dict(zip(exec_start[exec_start.index("assistant") + 1::2],
+                     exec_start[exec_start.index("assistant") + 2::2]))
+    assert flags == {"--config": str(here / "a.toml"),
+                     "--model": os.path.abspath(here / model),
+                     "--voice-prompt": str(here / "me.wav"), "--socket": str(here / "run/a.sock"),
+                     "--text-prompt": "Hi."}
+    assert f"WorkingDirectory={here}\n" in text and "RestartPreventExitStatus=2\n" in text
+
+
+@pytest.fixture
+def user_manager(tmp_path):
+    import user_manager as um
+
+    why = um.available()
+    if why:
+        pytest.skip(why)
+    from pulse import start_pulse
+
+    (tmp_path / "pulse").mkdir()
+    pulse, pulse_env = start_pulse(tmp_path / "pulse", room=True)
+    try:
+        env = {k: v for k, v in pulse_env.items() if k.startswith("PULSE_")}
+        manager = um.UserManager(tmp_path / "systemd", dict(os.environ, **env))
+        yield manager
+        manager.close()
+    finally:
+        pulse.terminate()
+        pulse.wait(timeout=10)
+
+
+def test_the_written_unit_starts_under_a_systemd_user_manager(user_manager, demo_model_dir,
+                                                             tmp_path):
+    """The unit --install-unit writes, started by a real `systemd --user`: READY=1 makes it
+    active, its control socket (a relative path in the config file) answers where the config
+    meant it; a configuration the model refuses ends it with exit 2, failed, not restarted."""
+    here = tmp_path / "here"
+    here.mkdir()
+    config = here / "assistant.toml"
+
+    def write(extra: str = "") -> None:
+        config.write_text(f"model = {json.dumps(os.path.relpath(demo_model_dir, here))}\n"
+                          'device = "cpu"\nthreads = 1\n[control]\nsocket = "ctl/a.sock"\n'
+                          + extra)
+
+    write()
+    env = dict(os.environ, XDG_CONFIG_HOME=str(user_manager.config))
+    done = _cli("--install-unit", "--config", "assistant.toml", cwd=here, env=env)
+    assert done.returncode == 0, done.stderr
+    unit = "personaplex-edge-assistant.service"
+    assert (user_manager.unit_dir / unit).is_file()
+    user_manager.systemctl("daemon-reload", check=True)
+    user_manager.systemctl("start", "--no-block", unit, check=True)
+    state = user_manager.wait(unit, lambda s: s["ActiveState"] in ("active", "failed"), 120)
+    log = user_manager.systemctl("status", "--no-pager", "-n", "20", unit).stdout
+    assert state["ActiveState"] == "active", log
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(str(here / "ctl" / "a.sock"))
+        sock.sendall(b'{"cmd": "status"}\n')
+        reply = json.loads(sock.makefile("r").readline())
+    assert reply["ok"] is True and reply["model_loads"] == 1
+    user_manager.systemctl("stop", unit, check=True)
+
+    write("[sampling]\ntop_k = 100000\n")
+    user_manager.systemctl("start", "--no-block", unit, check=True)
+    state = user_manager.wait(unit, lambda s: s["ActiveState"] == "failed", 120)
+    assert state["ExecMainStatus"] == "2" and state["NRestarts"] == "0", state
+    time.sleep(1.0)  # RestartSec would have it activating again by now
+    assert user_manager.show(unit, "ActiveState")["ActiveState"] == "failed"
 
 
 # -- the voice detector ---------------------------------------------------------------------------
@@ -325,7 +500,11 @@ def test_say_wakes_the_gate_and_keeps_it_awake_until_the_last_word(demo_model):
     assert [e["word"] for e in said if e["word_event"] == "started"] == list(utterance.words)
     wake = [e for e in events if e["event"] == "wake"]
     assert wake[-1]["reason"] == "command" and conv.group.metrics.frames > ticks
-    assert all(e["step"] >= 0 for e in said)  # counted from the first frame after the persona
+    # steps counted from the new conversation's first frame after its persona (the pre-roll's
+    # first): the words queued before it, the first word's EPAD goes in after the 2 forced PADs
+    started = [e["step"] for e in said if e["word_event"] == "started"]
+    done = [e["step"] for e in said if e["word_event"] == "done"]
+    assert started[0] == 2 and all(s <= d < n for s, d, n in zip(started, done, started[1:]))
     for _ in range(3):  # the last word's pieces reach the emitted frames a step later
         gate(silence)
     spoken = "".join(e["text"] for e in events[events.index(wake[-1]):] if e["event"] == "text")
@@ -344,6 +523,26 @@ def service(tmp_path, demo_model_dir):
     s = AssistantService(tmp_path, demo_model_dir)
     yield s
     s.close()
+
+
+@needs_pulse
+def test_a_reload_the_model_cannot_take_is_refused_and_the_service_goes_on(service):
+    """SIGHUP with a top-k past the model's: refused at once (an event, a log line naming the
+    key), the running config stays, and the next conversation is made as before - where the
+    reload used to be taken and the worker to end the service at the next sleep."""
+    c = service.client
+    service.write_config(sleep_after=1.5, extra="[sampling]\ntop_k = 100000\n")
+    service.proc.send_signal(signal.SIGHUP)
+    refused = c.event("reload_refused", timeout=10)[2]
+    assert f"{service.config}: sampling.top_k 100000 is outside 1.." in refused["reason"]
+    service.notify.wait(lambda m: "READY=1" in m and "RELOADING" not in m, timeout=10,
+                        after=len(service.notify.items) - 1)
+    mark = len(c.lines.items)
+    c.command("wake")
+    c.command("sleep")
+    c.event("conversation", timeout=20, after=mark)
+    assert service.proc.poll() is None and c.command("status")["ok"] is True
+    assert "reload refused, the running config stays" in service.log_text()
 
 
 def _status(notes) -> list[str]:
@@ -434,6 +633,7 @@ def test_control_socket_sighup_and_sigterm(service, tmp_path):
     service.notify.wait(lambda m: "RELOADING=1" in m, timeout=10)
     reloaded = c.event("reloaded", timeout=10)[2]
     assert reloaded["next_conversation"] == ["persona.text_prompt"]
+    service.wait_played()  # else the rest of the speech may wake it first (reason "speech")
     c.command("sleep")
     new = c.event("conversation", timeout=10, text_prompt="You answer in riddles.")[2]
     assert new["persona_cached"] is False  # a persona the model had never run
@@ -468,3 +668,9 @@ def test_the_docs_name_every_config_key_and_command():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "assistant.md").read_text()
     assert [k for k in KEYS if f"| `{k}` |" not in doc] == []
     assert [c for c in COMMANDS if f"| `{c}` |" not in doc] == []
+    # and the number of tests it says this file holds
+    said = int(re.search(r"`tests/test_assistant.py`, (\d+) tests", doc).group(1))
+    collected = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                                "-p", "no:cacheprovider", __file__], capture_output=True,
+                               text=True, timeout=120).stdout
+    assert f"\n{said} tests collected" in collected, collected[-300:]

@@ -15,8 +15,8 @@ from pulse import start_pulse
 
 pytestmark = pytest.mark.skipif(
     shutil.which("pulseaudio") is None or shutil.which("pactl") is None,
-    reason="no PulseAudio here (apt-get install pulseaudio pulseaudio-utils; scripts/install.sh "
-           "does, so CI runs these tests)")
+    reason="PulseAudio is not installed (apt-get install pulseaudio pulseaudio-utils; "
+           "scripts/install.sh does, so CI runs these tests)")
 
 
 @pytest.fixture(scope="module")

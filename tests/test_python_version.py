@@ -1,4 +1,4 @@
-"""JetPack 6's Python is 3.10, and no 3.10 interpreter is at hand here: vermin reads the code
+"""JetPack 6's Python is 3.10, and the tests run on a newer one: vermin reads the code
 that ships (the runtime, the shared core, the export) and names every module, member, keyword
 or syntax that needs a newer Python than pyproject's requires-python."""
 

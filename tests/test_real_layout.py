@@ -139,7 +139,9 @@ def test_frugal_graphs_equal_the_in_memory_export(exported):
         got = ort.InferenceSession(str(out / f"{name}.onnx")).run(None, feed)
         assert len(got) == len(want)
         for g, w in zip(got, want):
-            np.testing.assert_allclose(g, w, rtol=0, atol=1e-6)
+            # the same graph with the same weights: equal up to rounding (onnxruntime may take
+            # another kernel path on another CPU); one wrong weight moves outputs far more
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * float(np.abs(w).max()))
 
 
 def test_exported_codec_matches_moshi(exported, tiny_cfg, tiny_mimi_ref):

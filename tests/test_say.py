@@ -442,12 +442,57 @@ def test_simulated_gpu_say_reads_the_token_back_and_replays_the_frame_otherwise(
     assert 10 < steered < 36 and cuda.launches - launches == 36 - steered
 
 
-def test_run_refuses_more_say_times_than_texts(tmp_path, capsys):
-    """One message, exit 2, nothing written, before any model is loaded."""
-    sf.write(tmp_path / "in.wav", np.zeros(4000, np.float32), 24000)
-    rc = main(["run", "--model", str(tmp_path / "no-such-model"), "--input",
-               str(tmp_path / "in.wav"), "--output", str(tmp_path / "out.wav"),
-               "--say", "hello", "--say-at", "1", "--say-at", "2"])
+RUN = ["run", "--model", "demo", "--input", "in.wav", "--output", "out.wav"]
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--say", "A", "--say", "B", "--say-at", "6"], [("A", None), ("B", 6.0)]),
+    (["--say", "A", "--say-at", "2", "--say", "B"], [("A", 2.0), ("B", None)]),
+    (["--say", "A", "--say-at", "0.4", "--say", "B", "--say-at", "1"], [("A", 0.4), ("B", 1.0)]),
+])
+def test_each_say_at_times_the_say_before_it(flags, says):
+    from personaplex_edge.cli import parse_args
+
+    assert parse_args(RUN + flags).says == says
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--say-at", "3", "--say", "hi"], "--say-at 3 before any --say"),
+    (["--say", "hi", "--say-at", "1", "--say-at", "2"], "a second --say-at for --say 'hi'"),
+    (["--say", "hi", "--say-at", "-1"], "seconds from the start of the input, >= 0"),
+    (["--say", "hi", "--say-at", "nan"], "seconds from the start of the input, >= 0"),
+])
+def test_a_say_at_without_its_say_is_refused(flags, said, capsys):
+    from personaplex_edge.cli import parse_args
+
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(RUN + flags)
     err = capsys.readouterr().err
-    assert rc == 2 and err.count("error:") == 1 and "2 --say-at for 1 --say" in err
-    assert not (tmp_path / "out.wav").exists()
+    assert exit_.value.code == 2 and said in err and err.count("error:") == 1
+
+
+def test_run_says_each_text_at_its_own_time(demo_model_dir, tmp_path, capsys):
+    """`--say one --say two --say-at 2`: "one" from the start (its EPAD 2 steps in), "two" at
+    2 s (step 25, its EPAD at 27), whatever the order of the flags' kinds."""
+    sf.write(tmp_path / "in.wav", np.zeros(4 * 24000, np.float32), 24000)
+    assert main(["run", "--model", str(demo_model_dir), "--input", str(tmp_path / "in.wav"),
+                 "--output", str(tmp_path / "out.wav"), "--greedy", "--no-persona",
+                 "--device", "cpu", "--say", "one", "--say", "two", "--say-at", "2"]) == 0
+    said = capsys.readouterr().err
+    assert "said: one @2, two @27" in said, said
+
+
+def test_bench_say_measures_against_a_tree_without_say(tmp_path):
+    """benchmarks/bench_say.py's idle figures compare this tree with one that has no word
+    queue: its default baseline has no runtime/say.py, and a ref that has one is refused."""
+    import subprocess
+
+    import bench_say
+
+    ref = bench_say.default_baseline()
+    listed = subprocess.run(["git", "ls-tree", "--name-only", ref, "runtime/say.py"],
+                            cwd=bench_say.ROOT, capture_output=True, text=True, check=True)
+    assert listed.stdout == "" and subprocess.run(
+        ["git", "cat-file", "-e", f"{ref}:runtime/lockstep.py"], cwd=bench_say.ROOT).returncode == 0
+    with pytest.raises(SystemExit, match="compare the word queue with itself"):
+        bench_say.baseline_tree("HEAD", tmp_path)

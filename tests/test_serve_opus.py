@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+from pathlib import Path
 
+import ci_parts
 import numpy as np
 import pytest
 import soundfile as sf
@@ -96,7 +98,10 @@ def test_we_read_what_libsndfile_writes(pcm, tmp_path):
     skip = dec.head.pre_skip * RATE // 48000
     n = min(ours.shape[0] - skip, theirs.shape[0])
     assert n > pcm.shape[0] - 2 * FRAME
-    np.testing.assert_allclose(ours[skip:skip + n], theirs[:n], atol=1e-6)
+    # two builds of libopus (the system's, libsndfile's own) decode alike to rounding, whose last
+    # bits depend on the build and the CPU's kernels; a frame out of place or a sample of lag
+    # differs by orders more than this bound
+    np.testing.assert_allclose(ours[skip:skip + n], theirs[:n], atol=1e-4)
 
 
 def test_pages_in_any_chunking_give_the_same_frames(pcm):
@@ -169,19 +174,30 @@ def test_packets_laced_across_pages_by_libogg(pcm):
     np.testing.assert_array_equal(decode([data]), decode([one_per_page]))
 
 
+def _page_fields(messages: list[bytes]) -> list[list[tuple[int, int, int, int]]]:
+    """Per message, per page: (flags, granule position, sequence number, segments)."""
+    return [[(p[5], int.from_bytes(p[6:14], "little"), int.from_bytes(p[18:22], "little"),
+              p[26]) for p in ogg_pages(m)] for m in messages]
+
+
 def test_our_stream_as_sphn_pages_it(pcm):
-    """Headers first (OpusHead on the first page, flagged so), then one 40 ms packet per
-    page: two pages per answer frame, granule positions at 48 kHz, as sphn's writer makes."""
-    messages = encode(pcm[:4 * FRAME])
-    first = ogg_pages(messages[0])
-    assert first[0][5] == FIRST and OpusHead.parse(first[0][HEADER.size + 1:]).input_rate == RATE
-    assert first[1][HEADER.size + 1:].startswith(b"OpusTags")
+    """Frame by frame, our answer stream is paged as sphn's writer (moshi's) pages the same
+    frames: the same pages in each message, each with the same flags, granule position (48 kHz
+    samples), sequence number and segment count; the OpusHead first, with the encoder's own
+    pre-skip, then OpusTags."""
+    sphn = pytest.importorskip("sphn")
+    frames = [pcm[i:i + FRAME] for i in range(0, 6 * FRAME, FRAME)]
+    writer = sphn.OpusStreamWriter(RATE)
+    theirs = [writer.append_pcm(f) for f in frames]
+    enc = OpusEncoder(RATE)
+    ours = [enc.encode(f) for f in frames]
+    assert _page_fields(ours) == _page_fields(theirs)
+    assert len({g for m in _page_fields(ours) for _, g, _, _ in m}) > 5  # granules that move
+    first = ogg_pages(ours[0])
     head = OpusHead.parse(first[0][HEADER.size + 1:])
-    assert head.pre_skip == OpusEncoder(RATE)._codec.lookahead * 2 and head.channels == 1
-    audio = first[2:] + [p for m in messages[1:] for p in ogg_pages(m)]
-    assert [len(ogg_pages(m)) for m in messages[1:]] == [2, 2, 2]
-    assert [int.from_bytes(p[6:14], "little") for p in audio] == [1920 * (i + 1) for i in range(8)]
-    assert [int.from_bytes(p[18:22], "little") for p in first[:2] + audio] == list(range(10))
+    assert first[0][5] == FIRST and head.input_rate == RATE and head.channels == 1
+    assert head.pre_skip == enc._codec.lookahead * 48000 // RATE
+    assert first[1][HEADER.size + 1:].startswith(b"OpusTags")
 
 
 @pytest.mark.parametrize("corrupt, reason", [
@@ -193,3 +209,24 @@ def test_a_damaged_stream_is_refused_with_its_reason(pcm, corrupt, reason):
     data = encode(pcm[:2 * FRAME])[0]
     with pytest.raises(OpusError, match=f"not an Ogg/Opus stream .*{reason}"):
         OpusDecoder().feed(corrupt(data))
+
+
+def test_homebrews_libopus_is_found_on_macos(tmp_path, monkeypatch):
+    """`brew install opus` puts libopus.0.dylib in /opt/homebrew/lib on Apple silicon, which
+    neither find_library nor a bare dlopen searches: the loader looks in Homebrew's prefix. A
+    stand-in: the system's libopus under the dylib's name in $HOMEBREW_PREFIX/lib, on a
+    platform said to be macOS where find_library finds nothing."""
+    from personaplex_edge.runtime import system_lib
+
+    maps = open("/proc/self/maps").read() if libopus.load() else ""
+    real = next((line.split()[-1] for line in maps.splitlines() if "libopus" in line), None)
+    if real is None:
+        pytest.skip(ci_parts.not_installable("the loaded libopus's file is not in /proc/self/maps"))
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libopus.0.dylib").symlink_to(real)
+    monkeypatch.setenv("HOMEBREW_PREFIX", str(tmp_path))
+    monkeypatch.setattr(system_lib.sys, "platform", "darwin")
+    monkeypatch.setattr(system_lib.ctypes.util, "find_library", lambda name: None)
+    found = system_lib.SystemLibrary(("opus", "libopus.0.dylib"), lambda lib: None).load()
+    assert found is not None and found._name == str(tmp_path / "lib" / "libopus.0.dylib")
+    assert system_lib.package_lib_dirs()[:2] == [tmp_path / "lib", Path("/opt/homebrew/lib")]

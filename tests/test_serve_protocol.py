@@ -5,6 +5,7 @@ format's PCM and session fields."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 
 import numpy as np
@@ -199,14 +200,18 @@ def test_a_loopback_server_answers_to_loopback_names_only():
 
 
 def test_a_server_bound_beyond_loopback_answers_to_the_machines_names_and_addresses():
+    """The machine's names as the system gives them (uname's node name, the resolver's fully
+    qualified name), each also as NAME.local, in any case and with a trailing dot; any
+    address; nothing else."""
     rule = HostRule.for_server("0.0.0.0")
-    names = machine_names()
-    assert socket.gethostname().lower() in names
-    assert socket.gethostname().split(".")[0].lower() + ".local" in names
-    for host in [f"{n}:8998" for n in names] + ["192.168.1.20:8998", "[fd00::7]:8998",
-                                                "localhost"]:
+    node, fqdn = os.uname().nodename, socket.getfqdn()
+    own = {node, fqdn, node.split(".")[0] + ".local", fqdn.split(".")[0] + ".local"}
+    assert {n.lower() for n in own} <= machine_names()
+    for host in [f"{n.upper()}.:8998" for n in own] + ["192.168.1.20:8998", "[fd00::7]:8998",
+                                                      "localhost"]:
         assert rule.admits(host), host
-    assert not rule.admits("evil.example:8998")
+    for host in ("evil.example:8998", f"{node}.evil.example", f"evil-{node}.local"):
+        assert not rule.admits(host), host
     named = HostRule.for_server("voice.lan")  # the --host name itself
     assert named.admits("voice.lan:8998") and not named.admits("evil.example")
 

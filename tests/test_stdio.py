@@ -80,7 +80,9 @@ def test_the_answer_equals_run_on_the_same_audio(demo_model_dir, question):
     assert b"Traceback" not in done.stderr
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed here")
+@pytest.mark.skipif(shutil.which("node") is None,
+                    reason="node is not installed (apt-get install nodejs; scripts/install.sh "
+                           "does)")
 def test_a_node_client_streams_a_wav_and_gets_runs_answer(demo_model_dir, question, tmp_path):
     from pathlib import Path
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ci_parts import not_installable
 
 from personaplex_edge.config import preset
 from personaplex_edge.errors import ModelDirError
@@ -37,7 +38,8 @@ def _gpu_reason() -> str | None:
     return None if ok else f"no usable CUDA device: {why}"
 
 
-needs_gpu = pytest.mark.skipif(_gpu_reason() is not None, reason=str(_gpu_reason()))
+needs_gpu = pytest.mark.skipif(_gpu_reason() is not None,
+                               reason=not_installable(str(_gpu_reason())))
 
 SPEC = EngineSpec("helium_step.engine", "0" * 64, "10.8.0.43", "9.0", "NVIDIA H200", "fp16",
                   12.5)
@@ -332,7 +334,9 @@ def test_simulated_gpu_trt_backend_runs_the_lm_like_onnxruntime(simulated):
     cpu = GreedyLM(model, manifest, device="cpu", threads=1).run(user)
     gpu = GreedyLM(model, dataclasses.replace(manifest, backend="tensorrt")).run(user)
     np.testing.assert_array_equal(gpu.tokens, cpu.tokens)
-    np.testing.assert_allclose(gpu.hidden, cpu.hidden, rtol=1e-6, atol=1e-6)
+    # the simulated engines are CPU sessions on every core, the reference one thread: the same
+    # arithmetic up to how the kernels split it, so rounding may differ; tokens may not
+    np.testing.assert_allclose(gpu.hidden, cpu.hidden, rtol=1e-5, atol=1e-5)
     assert cuda.copies_2d == 50  # all 4 rings of helium in one copy per frame
 
 
@@ -363,7 +367,7 @@ def test_simulated_gpu_trt_backend_runs_the_codec_like_onnxruntime(simulated):
             audio.append(dec.run()["pcm"].copy())
         out[kind] = (np.array(codes), np.array(audio))
     np.testing.assert_array_equal(out["gpu"][0], out["cpu"][0])
-    np.testing.assert_allclose(out["gpu"][1], out["cpu"][1], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(out["gpu"][1], out["cpu"][1], rtol=1e-5, atol=1e-5)
 
     enc_cpu, enc_gpu = graphs["cpu"][0], graphs["gpu"][0]
     saved = enc_gpu.state()

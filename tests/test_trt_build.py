@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ci_parts import not_installable
 
 from personaplex_edge.manifest import load_model_dir, write_manifest
 
@@ -200,10 +201,11 @@ def test_simulated_gpu_engines_command(simulated, capsys):
 
 
 def test_without_tensorrt_the_engines_command_is_one_message(tiny_fp32, capsys):
-    """No TensorRT here: one message naming the extras, exit 2, and the directory untouched."""
+    """Without TensorRT: one message naming the extras, exit 2, and the directory untouched."""
     try:
         import tensorrt  # noqa: F401
-        pytest.skip("TensorRT is installed")
+        pytest.skip(not_installable("TensorRT is installed: this test is of a machine "
+                                    "without it"))
     except (ImportError, OSError):
         pass
     from personaplex_edge.cli import main

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
+from ..say import check_say_text
 from .idle import IdleGate
 
 
@@ -43,10 +44,8 @@ def _request(a: Assistant, what: str) -> dict:
 
 
 def _say(a: Assistant, request: dict) -> dict:
-    text = request.get("text")
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError('say takes the words in "text": {"cmd": "say", "text": "Your tea is '
-                         'ready."}')
+    text = check_say_text(request.get("text"), 'say\'s "text" ({"cmd": "say", "text": "Your '
+                                               'tea is ready."})')
     utterance = a.gate.say(text)
     return {"utterance": utterance.id, "words": list(utterance.words)}
 

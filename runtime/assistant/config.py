@@ -10,14 +10,17 @@ that would silently do nothing) or a bad value is one ConfigError naming the key
 
 from __future__ import annotations
 
+import math
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from personaplex_edge.contract import DEVICES
 from personaplex_edge.errors import ConfigError
 
+from ..audio_io.devices import device_spec
 from ..persona import DEFAULT_TEXT_PROMPT, Persona
 from ..sampling import SamplingParams
 from .vad import ENGINES
@@ -39,13 +42,24 @@ def _toml():
 Check = Callable[[Any], Any]  # a raw value -> the value to keep; ValueError says what is wrong
 
 
-def _number(lo: float | None = None, integer: bool = False) -> Check:
+def _number(lo: float | None = None, hi: float | None = None, integer: bool = False,
+            above: float | None = None) -> Check:
+    """A finite number (an integer with `integer`) from `lo` to `hi`, or above `above`: inf and
+    nan are refused, so no value makes a timer spin or never fire, or a buffer grow without
+    bound."""
+    kind = "an integer" if integer else "a number"
+
     def check(v):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and
                                                                       isinstance(v, float)):
-            raise ValueError(f"expected {'an integer' if integer else 'a number'}")
-        if lo is not None and v < lo:
-            raise ValueError(f"expected at least {lo}")
+            raise ValueError(f"expected {kind}")
+        if not math.isfinite(v):
+            raise ValueError("expected a finite number")
+        if above is not None and not v > above:
+            raise ValueError(f"expected {kind} above {above}")
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise ValueError(f"expected {kind} from {lo} to {hi}" if hi is not None
+                             else f"expected at least {lo}")
         return v
     return check
 
@@ -79,23 +93,14 @@ def _device(v):
     """A sound device: an index or part of its name (personaplex-edge devices)."""
     if isinstance(v, bool) or not isinstance(v, (int, str)):
         raise ValueError("expected a device index or part of its name")
-    return int(v) if isinstance(v, str) and v.isdigit() else v
+    return device_spec(v)
 
 
 def _range(lo: int, hi: int) -> Check:
-    def check(v):
-        _number(integer=True)(v)
-        if not lo <= v <= hi:
-            raise ValueError(f"expected an integer from {lo} to {hi}")
-        return v
-    return check
+    return _number(lo, hi, integer=True)
 
 
-def _fraction(v):
-    _number()(v)
-    if not 0 <= v <= 1:
-        raise ValueError("expected a number from 0 to 1")
-    return v
+_SAMPLING = SamplingParams()  # the defaults, the reference's
 
 
 @dataclass(frozen=True)
@@ -108,31 +113,33 @@ class Key:
 # section.name -> Key. A new key is one entry here, one field below and (if it has one) a flag.
 KEYS: dict[str, Key] = {
     "model": Key(_text, "models/personaplex-7b-v1", "model directory, hub id or built-in name"),
-    "device": Key(_choice("auto", "cpu", "cuda"), "auto", "where the graphs run"),
-    "threads": Key(_optional(_number(1, integer=True)), None, "onnxruntime threads"),
+    "device": Key(_choice(*DEVICES), "auto", "where the graphs run"),
+    "threads": Key(_optional(_range(1, 1024)), None, "onnxruntime threads"),
     "persona.text_prompt": Key(_text, DEFAULT_TEXT_PROMPT, "the persona's role"),
     "persona.voice": Key(_optional(_text), None, "a voice of the bank or an audio file"),
     "persona.cache_dir": Key(_optional(_text), None, "keep prefilled personas here too"),
-    "sampling.seed": Key(_optional(_number(0, integer=True)), None, "seed of the noise"),
-    "sampling.greedy": Key(_boolean, False, "argmax instead of sampling"),
-    "sampling.temp": Key(_number(0), 0.8, "audio temperature"),
-    "sampling.temp_text": Key(_number(0), 0.7, "text temperature"),
-    "sampling.top_k": Key(_number(1, integer=True), 250, "audio top-k"),
-    "sampling.top_k_text": Key(_number(1, integer=True), 25, "text top-k"),
+    "sampling.seed": Key(_optional(_range(0, 2 ** 63 - 1)), None, "seed of the noise"),
+    "sampling.greedy": Key(_boolean, _SAMPLING.greedy, "argmax instead of sampling"),
+    "sampling.temp": Key(_number(above=0), _SAMPLING.temp, "audio temperature"),
+    "sampling.temp_text": Key(_number(above=0), _SAMPLING.temp_text, "text temperature"),
+    # the largest top-k is the model's (checked once it is loaded: check_with_model)
+    "sampling.top_k": Key(_number(1, integer=True), _SAMPLING.top_k, "audio top-k"),
+    "sampling.top_k_text": Key(_number(1, integer=True), _SAMPLING.top_k_text, "text top-k"),
     "audio.input_device": Key(_optional(_device), None, "microphone: index or part of name"),
     "audio.output_device": Key(_optional(_device), None, "speaker: index or part of name"),
     "audio.aec": Key(_boolean, True, "cancel the speaker's echo (false for a headset)"),
-    "audio.max_backlog_frames": Key(_number(0, integer=True), 2, "input frames that may wait"),
-    "audio.retry_seconds": Key(_number(0.1), 1.0, "how often a lost device is looked for"),
-    "idle.sleep_after": Key(_number(0), 60.0, "seconds without speech before sleeping; 0 never"),
+    "audio.max_backlog_frames": Key(_range(0, 1000), 2, "input frames that may wait"),
+    "audio.retry_seconds": Key(_number(0.1, 3600), 1.0, "how often a lost device is looked for"),
+    "idle.sleep_after": Key(_number(0, 86400), 60.0,
+                            "seconds without speech before sleeping; 0 never"),
     "idle.vad": Key(_choice(*ENGINES), "webrtc",
                     "the voice detector (silero: pip install --no-deps silero-vad)"),
     "idle.vad_aggressiveness": Key(_range(0, 3), 3, "webrtcvad's mode (3: least false speech)"),
     "idle.voiced_subframes": Key(_range(1, 4), 2, "20 ms parts of a frame that must be voiced"),
-    "idle.vad_threshold": Key(_fraction, 0.5, "silero's score that is speech (0 to 1)"),
+    "idle.vad_threshold": Key(_number(0, 1), 0.5, "silero's score that is speech (0 to 1)"),
     "idle.silero_model": Key(_optional(_text), None, "silero_vad.onnx (default: the package's)"),
     "idle.wake_frames": Key(_range(1, 10), 1, "speech frames in a row that wake the model"),
-    "idle.preroll_ms": Key(_number(0, integer=True), 320, "audio before the wake the model hears"),
+    "idle.preroll_ms": Key(_range(0, 10000), 320, "audio before the wake the model hears"),
     "control.socket": Key(_optional(_text), "", "the control socket's path ('': the default)"),
     "control.enabled": Key(_boolean, True, "open the control socket"),
 }
@@ -162,9 +169,15 @@ class AssistantConfig:
 
     values: Mapping[str, Any]
     source: str  # the file it came from, or "defaults"
+    # key -> where its value came from, as an error names it: "FILE: key" or the flag that set
+    # it ("--model"); a default's is absent
+    origins: Mapping[str, str] = field(default_factory=dict)
 
     def __getitem__(self, key: str) -> Any:
         return self.values[key]
+
+    def named(self, key: str) -> str:
+        return self.origins.get(key, f"{key} (its default)")
 
     @property
     def persona(self) -> Persona:
@@ -224,12 +237,15 @@ def load_config(path: str | Path | None = None,
     if unknown:
         raise ConfigError(f"{path}: unknown key {unknown[0]!r} (the keys: docs/assistant.md; "
                           f"e.g. {', '.join(sorted(KEYS)[:4])}, ...)")
-    values = {}
-    for key, spec in KEYS.items():
-        values[key] = _checked(key, raw[key], f"{path}: {key}") if key in raw else spec.default
+    values = {key: spec.default for key, spec in KEYS.items()}
+    origins = {}
+    for key, value in raw.items():
+        origins[key] = f"{path}: {key}"
+        values[key] = _checked(key, value, origins[key])
     for key, (flag, value) in (overrides or {}).items():
+        origins[key] = flag
         values[key] = _checked(key, value, flag)
-    return AssistantConfig(values, source)
+    return AssistantConfig(values, source, origins)
 
 
 def _checked(key: str, value: Any, where: str) -> Any:

@@ -25,6 +25,8 @@ from personaplex_edge.errors import PersonaPlexError
 
 MAX_LINE = 64 * 1024  # bytes of one command line
 MAX_PENDING = 1 << 20  # bytes of events a client may leave unread
+MAX_SOCKET_PATH = 107  # bytes of an AF_UNIX path (sun_path holds 108 with its NUL)
+_FIX = "set control.socket to a path in a directory of your own, or --no-socket"
 
 Handle = Callable[[dict], dict]  # a parsed command -> its reply's fields (commands.py)
 Log = Callable[[str], None]
@@ -38,14 +40,33 @@ class _Client:
         self.outbox = bytearray()
 
 
+def check_socket_path(path: Path) -> None:
+    """PersonaPlexError for a path no socket can be made at, before anything is made: too
+    long for AF_UNIX, or under something that is not a directory."""
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        raise PersonaPlexError(f"{path} has {len(os.fsencode(path))} bytes, over the "
+                               f"{MAX_SOCKET_PATH} a Unix socket's path may have; {_FIX}")
+    above = path.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise PersonaPlexError(f"{path}: {above} is not a directory; {_FIX}")
+
+
 def _bind(path: Path) -> socket.socket:
     """A listening socket at `path`, created 0600 (no moment in which others could connect).
-    A socket file left by a process that died is replaced; one that answers is refused."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if path.parent.stat().st_uid != os.getuid():  # who owns the directory could swap the socket
-        raise PersonaPlexError(f"control.socket: {path.parent} belongs to another user; set a "
-                               "path in a directory of your own")
-    if path.exists() or path.is_symlink():
+    A socket file left by a process that died is replaced; one that answers is refused. A
+    directory that cannot be made or entered is one PersonaPlexError naming it."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        owner = path.parent.stat().st_uid
+        present = path.exists() or path.is_symlink()
+    except OSError as e:
+        raise PersonaPlexError(f"control.socket {path}: cannot make or enter {path.parent} "
+                               f"({e.strerror}); {_FIX}") from None
+    if owner != os.getuid():  # who owns the directory could swap the socket
+        raise PersonaPlexError(f"control.socket: {path.parent} belongs to another user; {_FIX}")
+    if present:
         if not stat.S_ISSOCK(path.lstat().st_mode):
             raise PersonaPlexError(f"control.socket {path} exists and is not a socket; remove "
                                    "it or set another path")

@@ -3,31 +3,56 @@ file, --install-unit."""
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable, Mapping
 
+from personaplex_edge.contract import DEVICES
+
+from ..persona import is_voice_file
 from .config import load_config
 from .vad import ENGINES
 
-# argparse dest -> the config key it overrides, and the flag that names it in an error
-FLAGS = {
-    "model": ("model", "--model"),
-    "device": ("device", "--device"),
-    "threads": ("threads", "--threads"),
-    "text_prompt": ("persona.text_prompt", "--text-prompt"),
-    "voice_prompt": ("persona.voice", "--voice-prompt"),
-    "seed": ("sampling.seed", "--seed"),
-    "input_device": ("audio.input_device", "--input-device"),
-    "output_device": ("audio.output_device", "--output-device"),
-    "sleep_after": ("idle.sleep_after", "--sleep-after"),
-    "vad": ("idle.vad", "--vad"),
-    "socket": ("control.socket", "--socket"),
-}
+
+@dataclass(frozen=True)
+class Flag:
+    """A flag of the command: the config key it overrides (and names in an error), argparse's
+    kind of it, its value for the key, and whether a value is a path (the unit gets it
+    absolute)."""
+
+    flag: str
+    key: str
+    kind: Mapping[str, Any] = field(default_factory=dict)  # argparse's type, choices, action
+    value: Callable[[Any], Any] = lambda v: v  # argparse's value -> the key's
+    path: Callable[[str], bool] = lambda v: False
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
 
 
-# argparse's type or choices of the flags that take more than text
-KINDS = {"--device": {"choices": ["auto", "cpu", "cuda"]}, "--threads": {"type": int},
-         "--seed": {"type": int}, "--sleep-after": {"type": float},
-         "--vad": {"choices": list(ENGINES)}}
+def _local_dir(v: str) -> bool:
+    return Path(v).expanduser().is_dir()  # else a built-in name or a hub id, kept as given
+
+
+# each overrides one key of the file (docs/assistant.md); a new flag is one entry here
+FLAGS = (
+    Flag("--model", "model", path=_local_dir),
+    Flag("--device", "device", {"choices": list(DEVICES)}),
+    Flag("--threads", "threads", {"type": int}),
+    Flag("--text-prompt", "persona.text_prompt"),
+    Flag("--voice-prompt", "persona.voice", path=is_voice_file),
+    Flag("--seed", "sampling.seed", {"type": int}),
+    Flag("--input-device", "audio.input_device"),
+    Flag("--output-device", "audio.output_device"),
+    Flag("--sleep-after", "idle.sleep_after", {"type": float}),
+    Flag("--vad", "idle.vad", {"choices": list(ENGINES)}),
+    Flag("--socket", "control.socket", path=bool),  # "": the default path
+    Flag("--aec", "audio.aec", {"choices": ["on", "off"]}, value=lambda v: v == "on"),
+    Flag("--no-socket", "control.enabled", {"action": "store_const", "const": True},
+         value=lambda v: False),
+)
 
 
 def add_parser(sub) -> None:
@@ -37,10 +62,8 @@ def add_parser(sub) -> None:
                                          "control socket (docs/assistant.md)")
     s.add_argument("--config", help="TOML file (default: $XDG_CONFIG_HOME/personaplex-edge/"
                                     "assistant.toml); the flags below override it")
-    for key, flag in FLAGS.values():  # each overrides one key of the file (docs/assistant.md)
-        s.add_argument(flag, default=None, help=f"sets {key}", **KINDS.get(flag, {}))
-    s.add_argument("--aec", choices=["on", "off"], default=None, help="sets audio.aec")
-    s.add_argument("--no-socket", action="store_true", help="no control socket")
+    for f in FLAGS:
+        s.add_argument(f.flag, default=None, help=f"sets {f.key}", **f.kind)
     s.add_argument("--install-unit", action="store_true",
                    help="write the systemd user unit running this command (with these flags)")
     s.add_argument("--unit-dir", type=Path, help="where --install-unit writes (default: "
@@ -48,36 +71,35 @@ def add_parser(sub) -> None:
     s.set_defaults(func=run)
 
 
+def _given(args) -> list[tuple[Flag, Any]]:
+    return [(f, getattr(args, f.dest)) for f in FLAGS if getattr(args, f.dest) is not None]
+
+
 def overrides(args) -> dict:
     """The keys the flags given set: key -> (flag, value)."""
-    found = {key: (flag, getattr(args, dest)) for dest, (key, flag) in FLAGS.items()
-             if getattr(args, dest) is not None}
-    if args.aec is not None:
-        found["audio.aec"] = ("--aec", args.aec == "on")
-    if args.no_socket:
-        found["control.enabled"] = ("--no-socket", False)
-    return found
+    return {f.key: (f.flag, f.value(v)) for f, v in _given(args)}
 
 
 def unit_args(args) -> list[str]:
-    """The flags the unit's ExecStart repeats: the config file (absolute) and the overrides."""
-    out = ["--config", str(Path(args.config).expanduser().resolve())] if args.config else []
-    for dest, (_, flag) in FLAGS.items():
-        if getattr(args, dest) is not None:
-            out += [flag, str(getattr(args, dest))]
-    if args.aec is not None:
-        out += ["--aec", args.aec]
-    if args.no_socket:
-        out.append("--no-socket")
+    """The flags the unit's ExecStart repeats: the config file and the flags given, each path
+    absolute (the unit runs in its own working directory)."""
+    out = ["--config", os.path.abspath(Path(args.config).expanduser())] if args.config else []
+    for f, v in _given(args):
+        if "const" in f.kind:
+            out.append(f.flag)
+        else:
+            out += [f.flag, os.path.abspath(Path(v).expanduser()) if f.path(v) else str(v)]
     return out
 
 
 def run(args) -> int:
     """The assistant as a service (docs/assistant.md), or its unit written."""
     if args.install_unit:
+        from .checks import check_before_loading
         from .unit import UNIT_NAME, install_unit
 
-        load_config(args.config, overrides(args))  # a unit that would fail is not written
+        # a unit that would fail before the model loads is not written
+        check_before_loading(load_config(args.config, overrides(args)))
         path = install_unit(unit_args(args), args.unit_dir)
         print(f"wrote {path}\nthen: systemctl --user daemon-reload && systemctl --user enable "
               f"--now {UNIT_NAME}\n(at boot without a login: loginctl enable-linger $USER; "

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from personaplex_edge.errors import PersonaPlexError
+
 from ..persona import Persona
 from .vad import voice_detector
 
@@ -243,17 +245,30 @@ class IdleGate:
         self._new_conversation()
 
     def _new_conversation(self) -> None:
-        """The next conversation, ready before anyone speaks (module docstring)."""
-        (persona, sampling), self._next = self._next or (self.conv.persona, None), None
+        """The next conversation, ready before anyone speaks (module docstring). A persona a
+        reload asked for that cannot run (a prompt longer than the context, a recording that
+        cannot be read) is refused with an event, and the last one is made again."""
+        running = (self.conv.persona, self.conv.sampling)
+        (persona, sampling), self._next = self._next or (running[0], None), None
         t0 = time.perf_counter()
-        if sampling is not None:
-            self.conv.restart(sampling)
-        frames = self.conv.prefill(persona)
+        try:
+            frames = self._prefill(persona, sampling)
+        except PersonaPlexError as e:
+            if (persona, sampling) == (running[0], None):
+                raise  # the running persona itself: nothing to go back to
+            self.emit({"event": "persona_refused", "reason": str(e)})
+            persona = running[0]
+            frames = self._prefill(*running)
         self.stats.conversations += 1
         self.emit({"event": "conversation", "number": self.stats.conversations,
                    "prompt_frames": frames, "persona_cached": self.conv.persona_cached,
                    "seconds": round(time.perf_counter() - t0, 3),
                    "text_prompt": persona.text_prompt, "voice": persona.voice})
+
+    def _prefill(self, persona: Persona, sampling: "SamplingParams | None") -> int:
+        if sampling is not None:
+            self.conv.restart(sampling)
+        return self.conv.prefill(persona)
 
     def _wake(self, reason: str, latency: int | None) -> np.ndarray:
         """Steps the LM over the pre-roll (the user's first words), oldest first; the answers

@@ -26,6 +26,7 @@ from typing import Mapping
 
 from personaplex_edge.errors import AudioDeviceError, ConfigError
 
+from .checks import check_before_loading, check_with_model
 from .commands import dispatch
 from .config import AssistantConfig, load_config
 from .idle import IdleGate, IdlePolicy
@@ -53,6 +54,7 @@ class Assistant:
         self.config_path = config_path
         self.overrides = dict(overrides or {})
         self.config = load_config(config_path, self.overrides)  # a bad value: before loading
+        check_before_loading(self.config)  # a missing file or package too
         self.tty = sys.stdout.isatty()
         self.notifier = Notifier()
         self.watchdog = Watchdog(self.notifier, watchdog_interval())
@@ -96,6 +98,10 @@ class Assistant:
                      + (" (from the persona cache)" if event["persona_cached"] else ""))
         elif kind in ("muted", "unmuted"):
             self.log(kind)
+        elif kind == "reload_refused":
+            self.log(f"reload refused, the running config stays: {event['reason']}")
+        elif kind == "persona_refused":
+            self.log(f"the new persona cannot run, the last one stays: {event['reason']}")
 
     # -- lifecycle --------------------------------------------------------------------------------
     def run(self) -> int:
@@ -144,6 +150,7 @@ class Assistant:
                           persona_cache_dir=cfg["persona.cache_dir"])
         self.model_loads += 1
         self.model.text  # prompts and answers need it: refused now, with the fix
+        check_with_model(cfg, self.model)  # named by its config key, not a flag
         self.conv = self.model.open_conversation(cfg.sampling, cfg.persona)
         frames = self.conv.prefill()
         self.log(f"model {self.model.model_dir} loaded in {time.perf_counter() - t0:.1f} s on "
@@ -265,8 +272,9 @@ class Assistant:
         self.notifier.reloading()
         try:
             new = load_config(self.config_path, self.overrides)
+            check_with_model(new, self.model)  # what the worker would fail on, refused now
         except ConfigError as e:
-            self.log(f"reload refused, the running config stays: {e}")
+            self.emit({"event": "reload_refused", "reason": str(e)})
             self.notifier.ready(self._status)
             return
         changed = new.differs(self.config)
@@ -281,7 +289,7 @@ class Assistant:
                                        sleep_after_frames=fresh.sleep_after_frames,
                                        wake_frames=fresh.wake_frames)
         self.config = AssistantConfig({**new.values, **{k: self.config[k] for k in restart}},
-                                      new.source)
+                                      new.source, new.origins)
         self.log(f"reloaded {new.source}: " + ("nothing changed" if not changed else "; ".join(
             part for part in (
                 later and "at the next conversation: " + ", ".join(later),

@@ -31,18 +31,22 @@ def executable() -> list[str]:
     return [found] if found else [sys.executable, "-m", "personaplex_edge.cli"]
 
 
-def render_unit(args: list[str]) -> str:
-    """The unit with ExecStart = this installation's command, `assistant` and `args`."""
+def render_unit(args: list[str], workdir: Path) -> str:
+    """The unit with ExecStart = this installation's command, `assistant` and `args`, run in
+    `workdir`."""
     exec_start = " ".join(shlex.quote(a) for a in executable())
     extra = "".join(" " + shlex.quote(a) for a in args)
-    # systemd expands $VAR and %x in ExecStart: a literal % or $ in a path must be doubled
+    # systemd expands $VAR and %x in ExecStart (%x alone in WorkingDirectory): a literal % or
+    # $ must be doubled
     escape = (lambda s: s.replace("%", "%%").replace("$", "$$"))
     return (TEMPLATE.read_text().replace("@EXEC@", escape(exec_start))
-            .replace("@ARGS@", escape(extra)))
+            .replace("@ARGS@", escape(extra))
+            .replace("@WORKDIR@", str(workdir).replace("%", "%%")))
 
 
 def install_unit(args: list[str], directory: Path | None = None) -> Path:
+    """The unit written (atomically) for `args`, run in the current directory."""
     path = (directory or user_unit_dir()) / UNIT_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, render_unit(args))
+    write_text_atomic(path, render_unit(args, Path.cwd()))
     return path

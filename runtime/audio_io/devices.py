@@ -45,15 +45,24 @@ def list_devices() -> str:
     return "\n".join(lines)
 
 
+def device_spec(spec: str | int | None) -> str | int | None:
+    """A sound device as a user names it (a flag, a config key): an index (an int, or a string
+    of digits) as an int, else a part of its name; None for the default."""
+    if spec is None or isinstance(spec, int):
+        return spec
+    return int(spec) if spec.isdigit() else spec
+
+
 def resolve_device(spec: str | int | None, kind: str) -> int | None:
     """A device index, or a (case-insensitive) part of its name; None for the default."""
+    spec = device_spec(spec)
     if spec is None:
         return None
     sd = _sd()
     devices = sd.query_devices()
     key = "max_input_channels" if kind == "input" else "max_output_channels"
-    if isinstance(spec, int) or str(spec).isdigit():
-        index = int(spec)
+    if isinstance(spec, int):
+        index = spec
         if not 0 <= index < len(devices):
             raise AudioDeviceError(f"there is no sound device {index}; "
                                    f"'personaplex-edge devices' lists them:\n{list_devices()}")

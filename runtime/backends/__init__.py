@@ -19,13 +19,12 @@ from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from personaplex_edge.contract import DEVICES
 from personaplex_edge.errors import ModelDirError, PersonaPlexError
 from personaplex_edge.manifest import GraphEntry, Manifest
 
 from .ort import OrtModelGraph, choose_providers
 from .ort_install import side_by_side
-
-DEVICES = ("auto", "cpu", "cuda")
 
 
 class Graph(Protocol):

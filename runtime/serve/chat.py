@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
-from aiohttp import WSMessage, WSMsgType, web
+from aiohttp import web
 
 from . import protocol
 from .lifecycle import Wire, serve_websocket
@@ -24,9 +24,8 @@ from .opus import OpusDecoder, OpusEncoder, OpusError
 from ..heard import Heard
 from ..heard_message import HeardMessageError, no_transcriber, parse_request
 from ..heard_message import event_payload as heard_payload
-from ..say import SayEvent
-from ..say_message import (SayCommand, SayMessageError, event_payload, parse_command,
-                           queued_payload)
+from ..say import SayError, SayEvent
+from ..say_message import SayCommand, event_payload, parse_command, queued_payload
 from .params import ChatParams, parse_params
 from .session import ClientError, Session
 
@@ -78,7 +77,7 @@ class ChatWire(Wire):
     # aiohttp's own limit sits above the protocol's: past it aiohttp closes (1009) before the
     # handler sees the message, so a message just over MAX_MESSAGE_BYTES still gets its ERROR
     max_message_bytes = 4 * protocol.MAX_MESSAGE_BYTES
-    client_errors = (protocol.ProtocolError, OpusError, ClientError, SayMessageError,
+    client_errors = (protocol.ProtocolError, OpusError, ClientError, SayError,
                      HeardMessageError)
 
     def refusal(self, reason: str, stopping: bool) -> list[bytes | str]:
@@ -101,23 +100,22 @@ class ChatWire(Wire):
     def farewell(self, session: Session, reason: str | None, code: int) -> list[bytes | str]:
         return [protocol.error(reason)] if reason is not None else []
 
-    def receive(self, session: ChatSession, msg: WSMessage) -> None:
-        if msg.type == WSMsgType.TEXT:
+    def receive(self, session: ChatSession, data: str | bytes) -> None:
+        if isinstance(data, str):
             raise protocol.ProtocolError("text WebSocket frames are not part of the protocol "
                                          "(every message is binary)")
-        if msg.type == WSMsgType.BINARY:
-            kind, payload = protocol.parse(msg.data)
-            if kind == protocol.Kind.AUDIO:
-                dropped = session.receive_audio(payload)
-                if dropped:
-                    self.state.stats.dropped.inc(dropped)
-            elif kind == protocol.Kind.SAY:
-                session.command(parse_command(payload))
-            elif kind == protocol.Kind.HEARD:
-                wanted = parse_request(payload)
-                if wanted and self.state.model.loaded.transcriber is None:
-                    raise no_transcriber(self.state.model.model_dir)
-                session.hearing = wanted
+        kind, payload = protocol.parse(data)
+        if kind == protocol.Kind.AUDIO:
+            dropped = session.receive_audio(payload)
+            if dropped:
+                self.state.stats.dropped.inc(dropped)
+        elif kind == protocol.Kind.SAY:
+            session.command(parse_command(payload))
+        elif kind == protocol.Kind.HEARD:
+            wanted = parse_request(payload)
+            if wanted and self.state.model.loaded.transcriber is None:
+                raise no_transcriber(self.state.model.model_dir)
+            session.hearing = wanted
 
 
 async def _report(session: Session) -> None:

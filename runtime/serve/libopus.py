@@ -18,6 +18,9 @@ INSTALL_HINT = "apt-get install libopus0 (Debian, Ubuntu, Jetson), brew install 
 
 # opus_defines.h
 APPLICATION_VOIP = 2048  # what moshi's clients and servers encode with
+SET_BITRATE = 4002
+SET_INBAND_FEC = 4012
+SET_PACKET_LOSS_PERC = 4014
 _GET_LOOKAHEAD = 4027
 MAX_PACKET_MS = 120  # the longest packet Opus has (6 frames of 20 ms, or 2 of 60 ms)
 MAX_PACKET_BYTES = 4000  # libopus's own recommendation for an encoder's output buffer
@@ -32,6 +35,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.opus_decoder_destroy.argtypes = [p]
     lib.opus_decode_float.restype = i
     lib.opus_decode_float.argtypes = [p, ctypes.c_char_p, i32, p, i, i]
+    lib.opus_packet_get_nb_samples.restype = i
+    lib.opus_packet_get_nb_samples.argtypes = [ctypes.c_char_p, i32, i32]
     lib.opus_encoder_create.restype = p
     lib.opus_encoder_create.argtypes = [i32, i, i, ctypes.POINTER(i)]
     lib.opus_encoder_destroy.argtypes = [p]
@@ -92,6 +97,20 @@ class Decoder:
         return _check(self._lib, self._lib.opus_decode_float(
             self._state, packet, len(packet), out.ctypes.data, room, 0), "opus_decode_float")
 
+    def conceal(self, samples: int, out: np.ndarray, next_packet: bytes | None = None) -> int:
+        """`samples` per channel (a multiple of 2.5 ms) standing in for a packet that never
+        came: its forward error correction copy carried in `next_packet` where that has one,
+        else the codec's own loss concealment (which also takes over when `next_packet` has no
+        FEC data)."""
+        data, size, fec = (next_packet, len(next_packet), 1) if next_packet else (None, 0, 0)
+        return _check(self._lib, self._lib.opus_decode_float(
+            self._state, data, size, out.ctypes.data, samples, fec), "opus_decode_float")
+
+    def packet_samples(self, packet: bytes) -> int:
+        """The samples per channel a packet holds at this decoder's rate (from its TOC byte)."""
+        return _check(self._lib, self._lib.opus_packet_get_nb_samples(
+            packet, len(packet), self.rate), "opus_packet_get_nb_samples")
+
     def __del__(self):
         state, self._state = getattr(self, "_state", None), None
         if state:
@@ -116,6 +135,11 @@ class Encoder:
         # samples at `rate` the decoder's output lags the input by: what OpusHead's pre-skip
         # tells a player to drop
         self.lookahead = value.value
+
+    def set(self, request: int, value: int) -> None:
+        """An encoder setting (SET_BITRATE, SET_INBAND_FEC, ...)."""
+        _check(self._lib, self._lib.opus_encoder_ctl(self._state, request, ctypes.c_int32(value)),
+               f"opus_encoder_ctl({request})")
 
     def encode(self, pcm: np.ndarray) -> bytes:
         """One Opus frame of float32 samples (C-contiguous, [samples * channels]) -> a packet."""

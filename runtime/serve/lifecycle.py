@@ -1,5 +1,6 @@
-"""One WebSocket's life, whatever its wire protocol: the same checks, slots, persona prefill,
-tick thread, metrics and logs for `/api/chat` (chat.py) and `/v1/realtime` (realtime.py).
+"""One session's life, whatever its wire protocol and transport: the same checks, slots, persona
+prefill, tick thread, metrics and logs for `/api/chat` (chat.py) and `/v1/realtime` (realtime.py)
+over a WebSocket, and for `/v1/realtime/calls` (webrtc.py) over a WebRTC call.
 
     (the host check, app.py's middleware: 403)  ->  origin check (403)  ->  token check
     (401)  ->  upgrade  ->  a free slot, or the protocol's refusal and close 1013 (1001 while
@@ -10,8 +11,10 @@ tick thread, metrics and logs for `/api/chat` (chat.py) and `/v1/realtime` (real
     slot freed.
 
 A protocol is a `Wire`: it builds its `Session` subclass, reads the client's messages, and
-encodes its refusals, its ready message and its last words. Reading starts at the upgrade, so a
-client that leaves at any point ends its session (and frees its slot) at once.
+encodes its refusals, its ready message and its last words. A `Transport` carries those
+messages: a WebSocket here (`serve_websocket`), a call's data channel in webrtc_call.py; both
+run `converse`. Reading starts at the upgrade, so a client that leaves at any point ends its
+session (and frees its slot) at once.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ import asyncio
 import logging
 import socket
 from concurrent.futures import Future
+from typing import AsyncIterator
 
-from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 
 from personaplex_edge.errors import PersonaPlexError
 
@@ -67,8 +71,8 @@ class Wire:
         ends the session with its message."""
         raise NotImplementedError
 
-    def receive(self, session: Session, msg: WSMessage) -> None:
-        """One text or binary message of the client (on the event loop)."""
+    def receive(self, session: Session, data: str | bytes) -> None:
+        """One message of the client, text (str) or binary (bytes), on the event loop."""
         raise NotImplementedError
 
     def ready(self, session: Session) -> None:
@@ -86,22 +90,89 @@ class Wire:
         """The session is over: drop whatever the protocol still holds for it."""
 
 
-async def serve_websocket(request: web.Request, wire: Wire) -> web.StreamResponse:
-    state = wire.state
+class Transport:
+    """What carries one session's messages both ways (a WebSocket, a call's data channel)."""
+
+    @property
+    def closed(self) -> bool:
+        """The client can no longer be reached: nothing more to start for it."""
+        raise NotImplementedError
+
+    def messages(self) -> AsyncIterator[str | bytes]:
+        """The client's messages until it leaves (the iteration ends); ClientError for one
+        that breaks the transport's own rules."""
+        raise NotImplementedError
+
+    async def send(self, message: str | bytes) -> None:
+        """One message to the client; ConnectionError or RuntimeError once it is gone."""
+        raise NotImplementedError
+
+    async def close(self, messages: list[bytes | str], reason: str | None, code: int) -> None:
+        """The last messages, then the end of the connection; never waits long on a peer
+        that does not read."""
+        raise NotImplementedError
+
+
+class WebSocketTransport(Transport):
+    def __init__(self, ws: web.WebSocketResponse, request: web.Request):
+        self.ws = ws
+        self.request = request
+
+    @property
+    def closed(self) -> bool:
+        return self.ws.closed
+
+    async def messages(self) -> AsyncIterator[str | bytes]:
+        async for msg in self.ws:
+            if msg.type == WSMsgType.ERROR:
+                raise ClientError(f"bad WebSocket message: {self.ws.exception()}")
+            if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                yield msg.data
+
+    async def send(self, message: str | bytes) -> None:
+        if isinstance(message, str):
+            await self.ws.send_str(message)
+        else:
+            await self.ws.send_bytes(message)
+
+    async def close(self, messages: list[bytes | str], reason: str | None, code: int) -> None:
+        await close(self.ws, self.request, messages, reason, code)
+
+
+def check_client(request: web.Request, state: ServerState, authorized_by=authorized) -> None:
+    """The origin (403) and token (401) checks of every route that opens a session."""
     peer = request.remote or "?"
     origin = request.headers.get("Origin")
     if not origin_allowed(request, state.allowed_origins):
         state.stats.refused.labels(reason="origin").inc()
         log.info("%s: refused %s: origin %s is not allowed (--allowed-origins)", peer,
                  request.path, origin)
-        raise web.HTTPForbidden(text=f"origin {origin} may not open this server's WebSockets; "
+        raise web.HTTPForbidden(text=f"origin {origin} may not open this server's sessions; "
                                 f"serve with --allowed-origins {origin} to admit it\n")
-    if not authorized(request, state.auth_token):
+    if not authorized_by(request, state.auth_token):
         state.stats.refused.labels(reason="unauthorized").inc()
         log.info("%s: refused %s: no valid token", peer, request.path)
         raise web.HTTPUnauthorized(text="this server needs a token: ?token=... or "
                                    "'Authorization: Bearer ...'\n",
                                    headers={"WWW-Authenticate": "Bearer"})
+
+
+def busy_reason(state: ServerState, peer: str, path: str) -> str | None:
+    """Why a new session cannot start now (busy, or the server stops), counted and logged;
+    None when a slot is free."""
+    if not (state.stopping or state.slots_used >= state.max_sessions):
+        return None
+    reason = ("the server is shutting down" if state.stopping else
+              f"busy: {state.slots_used} of {state.max_sessions} sessions")
+    state.stats.refused.labels(reason="shutting_down" if state.stopping else "busy").inc()
+    log.info("%s: refused %s: %s", peer, path, reason)
+    return reason
+
+
+async def serve_websocket(request: web.Request, wire: Wire) -> web.StreamResponse:
+    state = wire.state
+    peer = request.remote or "?"
+    check_client(request, state)
     # no permessage-deflate: Opus does not compress, and PCM barely does for its CPU
     ws = web.WebSocketResponse(max_msg_size=wire.max_message_bytes, heartbeat=10.0,
                                timeout=CLOSE_TIMEOUT, compress=False, writer_limit=WRITER_LIMIT)
@@ -109,44 +180,50 @@ async def serve_websocket(request: web.Request, wire: Wire) -> web.StreamRespons
     sock = request.transport.get_extra_info("socket") if request.transport else None
     if sock is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_SEND_BUFFER)
-    if state.stopping or state.slots_used >= state.max_sessions:
-        reason = ("the server is shutting down" if state.stopping else
-                  f"busy: {state.slots_used} of {state.max_sessions} sessions")
-        state.stats.refused.labels(reason="shutting_down" if state.stopping else "busy").inc()
-        log.info("%s: refused %s: %s", peer, request.path, reason)
-        await close(ws, request, wire.refusal(reason, state.stopping), reason,
-                    WSCloseCode.GOING_AWAY if state.stopping else WSCloseCode.TRY_AGAIN_LATER)
+    transport = WebSocketTransport(ws, request)
+    reason = busy_reason(state, peer, request.path)
+    if reason is not None:
+        await transport.close(wire.refusal(reason, state.stopping), reason,
+                              WSCloseCode.GOING_AWAY if state.stopping
+                              else WSCloseCode.TRY_AGAIN_LATER)
         return ws
-    state.slots_used += 1
-    state.stats.open.set(state.slots_used)
+    take_slot(state)
     try:
-        await _converse(state, wire, ws, request, peer)
+        await converse(state, wire, transport, peer)
     finally:
-        state.slots_used -= 1
-        state.stats.open.set(state.slots_used)
+        free_slot(state)
     return ws
 
 
-async def _converse(state: ServerState, wire: Wire, ws: web.WebSocketResponse,
-                    request: web.Request, peer: str) -> None:
-    model = state.model
-    session = wire.open_session(peer=peer, max_backlog=state.max_backlog,
-                                send_queue=state.send_queue, sample_rate=model.sample_rate,
-                                frame_size=model.frame_size, wake=state.ticker.wake,
-                                call=state.ticker.call, piece=model.text.piece,
-                                max_ahead_s=state.max_ahead_s)
+def take_slot(state: ServerState) -> None:
+    state.slots_used += 1
+    state.stats.open.set(state.slots_used)
+
+
+def free_slot(state: ServerState) -> None:
+    state.slots_used -= 1
+    state.stats.open.set(state.slots_used)
+
+
+async def converse(state: ServerState, wire: Wire, transport: Transport, peer: str,
+                   session: Session | None = None) -> None:
+    """One session on a slot already taken: its persona, prefill, ticks, until it ends, then
+    its last words on `transport`. `session`: one the caller opened already (wire.open_session),
+    else it is opened here."""
+    if session is None:
+        session = open_session(state, wire, peer)
     state.sessions.add(session)
     prefill: Future | None = None
     reason: str | None = None
     code = WSCloseCode.OK
-    tasks: list[asyncio.Task] = [asyncio.create_task(_read(wire, ws, session)),
-                                 asyncio.create_task(_write(ws, session))]
+    tasks: list[asyncio.Task] = [asyncio.create_task(_read(wire, transport, session)),
+                                 asyncio.create_task(_write(transport, session))]
     try:
         session.params = await _until_ended(session, asyncio.ensure_future(wire.params(session)))
         if session.params is not None:
             prefill = state.prefill_pool.submit(_open_conversation, state, session.params)
             session.conv = await _until_ended(session, asyncio.wrap_future(prefill))
-        if session.conv is None or ws.closed:
+        if session.conv is None or transport.closed:
             if session.ended.done():
                 reason, code = session.ended.result()
             return
@@ -185,7 +262,17 @@ async def _converse(state: ServerState, wire: Wire, ws: web.WebSocketResponse,
                  "ended: " + reason if reason else "client left",
                  session.frames_answered, session.backlog.dropped,
                  summary.get("frame_p99_ms", 0.0))
-        await close(ws, request, wire.farewell(session, reason, code), reason, code)
+        await transport.close(wire.farewell(session, reason, code), reason, code)
+
+
+def open_session(state: ServerState, wire: Wire, peer: str) -> Session:
+    """The wire's Session on this server's model and limits."""
+    model = state.model
+    return wire.open_session(peer=peer, max_backlog=state.max_backlog,
+                             send_queue=state.send_queue, sample_rate=model.sample_rate,
+                             frame_size=model.frame_size, wake=state.ticker.wake,
+                             call=state.ticker.call, piece=model.text.piece,
+                             max_ahead_s=state.max_ahead_s)
 
 
 def _open_conversation(state: ServerState, params: ChatParams):
@@ -217,13 +304,11 @@ async def _until_ended(session: Session, work: asyncio.Future):
     return None
 
 
-async def _read(wire: Wire, ws: web.WebSocketResponse, session: Session) -> None:
+async def _read(wire: Wire, transport: Transport, session: Session) -> None:
     """The client's messages, until it leaves or sends what ends its session."""
     try:
-        async for msg in ws:
-            if msg.type == WSMsgType.ERROR:
-                raise ClientError(f"bad WebSocket message: {ws.exception()}")
-            wire.receive(session, msg)
+        async for data in transport.messages():
+            wire.receive(session, data)
     except wire.client_errors as e:
         session.end(str(e), WSCloseCode.POLICY_VIOLATION)
         return
@@ -237,15 +322,11 @@ async def _read(wire: Wire, ws: web.WebSocketResponse, session: Session) -> None
     session.end(None)  # the client closed
 
 
-async def _write(ws: web.WebSocketResponse, session: Session) -> None:
+async def _write(transport: Transport, session: Session) -> None:
     try:
         while True:
-            message = await session.outbox.get()
-            if isinstance(message, str):
-                await ws.send_str(message)
-            else:
-                await ws.send_bytes(message)
-    except (ConnectionResetError, RuntimeError):  # the connection is gone or closing
+            await transport.send(await session.outbox.get())
+    except (ConnectionError, RuntimeError):  # the connection is gone or closing
         session.end(None)
 
 

@@ -21,6 +21,10 @@ CONTINUED, FIRST, LAST = 0x01, 0x02, 0x04  # header-type flags
 HEADER = struct.Struct("<4sBBqIIIB")  # capture, version, flags, granule, serial, sequence, crc, n
 GRANULE_RATE = 48000
 MAX_SEGMENTS = 255
+# The longest packet a reader joins across pages: an Opus packet carries at most 120 ms of
+# 1275-byte frames besides padding (61,298 bytes a channel, RFC 7845 sec. 6), so this holds any
+# audio packet of a mono or stereo stream and a header with a long vendor string.
+MAX_PACKET_BYTES = 1 << 17
 
 # Ogg's CRC-32 is the unreflected one (polynomial 0x04c11db7, initial value 0, no final xor);
 # zlib's is its reflection, so zlib computes it on bit-reversed bytes, and the result is read
@@ -63,24 +67,30 @@ def _page_end(data, at: int) -> int | None:
     return end if end <= len(data) else None
 
 
-def ogg_pages(data: bytes) -> list[bytes]:
-    """`data` cut at its page boundaries. Whatever does not parse as a whole page - a page's
-    start or end split across messages, or bytes that are not Ogg at all - is one last piece."""
-    pages, at = [], 0
+def page_spans(data) -> tuple[list[tuple[int, int]], int]:
+    """(start, end) of each whole page at the start of `data`, one after the other, and where
+    the first byte outside them is: a page not whole yet, or bytes that are not Ogg."""
+    spans, at = [], 0
     while data[at:at + 4] == CAPTURE:
         end = _page_end(data, at)
         if end is None:
             break
-        pages.append(data[at:end])
+        spans.append((at, end))
         at = end
-    if at < len(data):
-        pages.append(data[at:])
-    return pages
+    return spans, at
+
+
+def ogg_pages(data: bytes) -> list[bytes]:
+    """`data` cut at its page boundaries. Whatever does not parse as a whole page - a page's
+    start or end split across messages, or bytes that are not Ogg at all - is one last piece."""
+    spans, at = page_spans(data)
+    return [data[a:b] for a, b in spans] + ([data[at:]] if at < len(data) else [])
 
 
 class PacketReader:
     """Ogg bytes in any chunking -> the packets they complete, in order. Each page's capture
-    pattern, version and CRC are checked; a packet laced across pages is joined."""
+    pattern, version and CRC are checked; a packet laced across pages is joined, up to
+    MAX_PACKET_BYTES (OggError past it)."""
 
     def __init__(self):
         self._buffer = bytearray()  # the start of a page not yet whole
@@ -88,15 +98,12 @@ class PacketReader:
 
     def feed(self, data: bytes) -> list[bytes]:
         self._buffer += data
-        buf, packets, at = self._buffer, [], 0
-        while len(buf) - at >= 4:
-            if buf[at:at + 4] != CAPTURE:
-                raise OggError("no Ogg capture pattern where a page starts")
-            end = _page_end(buf, at)
-            if end is None:
-                break
-            packets += self._page(bytes(buf[at:end]))
-            at = end
+        buf, packets = self._buffer, []
+        spans, at = page_spans(buf)
+        for a, b in spans:
+            packets += self._page(bytes(buf[a:b]))
+        if len(buf) - at >= 4 and buf[at:at + 4] != CAPTURE:  # not a page still arriving
+            raise OggError("no Ogg capture pattern where a page starts")
         del buf[:at]
         return packets
 
@@ -112,6 +119,9 @@ class PacketReader:
         for size in data[HEADER.size:HEADER.size + n]:
             self._partial += data[at:at + size]
             at += size
+            if len(self._partial) > MAX_PACKET_BYTES:
+                raise OggError(f"a packet continued past {MAX_PACKET_BYTES} bytes (an Opus "
+                               "packet holds at most 61,298 bytes a channel besides padding)")
             if size < 255:
                 packets.append(bytes(self._partial))
                 self._partial.clear()

@@ -1,7 +1,8 @@
 """`GET /v1/realtime` (and `/v1/duplex`, vllm-omni's name for it): the OpenAI Realtime protocol
 (realtime_events.py) on the shared session flow (lifecycle.py), so voice-agent frameworks
 (the openai SDK, pipecat, LiveKit) can talk to a local PersonaPlex. The query (`model`,
-`duplex`, ...) is accepted and ignored.
+`duplex`, ...) is accepted and ignored. A WebRTC call (webrtc_call.py) runs this same session
+on its data channel, its audio on an RTP track instead of in the events.
 
     session.created at once  ->  the persona: the instructions and voice of the session.update
     events sent before it is fixed, merged (an AgentSession sends its voice and its
@@ -41,7 +42,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
+from aiohttp import WSCloseCode, web
 
 from personaplex_edge.audio import pcm16_bytes
 
@@ -49,7 +50,7 @@ from ..pcm_frames import PCM16, PcmFrames
 from .lifecycle import Wire, serve_websocket
 from .params import MAX_TEXT_PROMPT_CHARS, ChatParams, ParamError
 from ..heard import Heard
-from ..say import SayEvent, Utterance
+from ..say import SayError, SayEvent, Utterance, check_say_text
 from .realtime_events import (MAX_EVENT_BYTES, EventError, Response, ServerEvents,
                               SessionUpdate, SessionView, assistant_item, audio_bytes,
                               beta_requested, new_id, parse, parse_session_update)
@@ -82,7 +83,7 @@ class RealtimeSession(Session):
         self.frames = PcmFrames(self.frame_size)
         self.response: Response | None = None
         self._open_next = True  # the next answer frame opens a response, speech or not
-        self._to_say: list[str] = []  # assistant text items waiting for response.create
+        self._to_say = ""  # assistant text items waiting for response.create, joined
         self._saying = False  # the open (or next) response carries words the client gave
         self._utterance: int | None = None  # the say() behind it, once the tick thread took it
         self._closing: int | None = None  # answer frames until that response is done
@@ -140,7 +141,7 @@ class RealtimeSession(Session):
             self.response.transcript.append(piece)
             self.send(self.events.transcript_delta(self.response, piece))
         self.response.frames += 1
-        self.send(self.events.audio_delta(self.response, pcm16_bytes(pcm)))
+        self.send_audio(pcm)
         if self._closing is not None:
             self._closing -= 1
             if self._closing <= 0:  # the said words' response is done; the model goes on
@@ -148,14 +149,26 @@ class RealtimeSession(Session):
                     self.send(event)
                 self._saying, self._closing, self._open_next = False, None, True
 
+    def send_audio(self, pcm: np.ndarray) -> None:
+        """One answer frame's audio to the client: an audio delta of the open response (a
+        call sends it on its RTP track instead: webrtc_call.py)."""
+        self.send(self.events.audio_delta(self.response, pcm16_bytes(pcm)))
+
     def add_assistant_text(self, text: str) -> None:
-        self._to_say.append(text)
+        """An assistant item's text, joined to those waiting for response.create; EventError
+        (nothing kept) when together they are more than one say takes."""
+        joined = " ".join(t for t in (self._to_say, text.strip()) if t)
+        if joined:
+            try:
+                check_say_text(joined, "the assistant text waiting for response.create")
+            except SayError as e:
+                raise EventError(str(e), param="item.content") from None
+        self._to_say = joined
 
     def want_response(self) -> None:
         """response.create: with assistant text waiting, a response that says it; else, while
         one is open it is that one, and without one the next frame opens one."""
-        text = " ".join(self._to_say).strip()
-        self._to_say = []
+        text, self._to_say = self._to_say, ""
         if not text:
             if self.response is None:
                 self._open_next = True
@@ -170,6 +183,13 @@ class RealtimeSession(Session):
             self._utterance = utterance.id
             if not utterance.words:  # nothing to wait for
                 self._closing = 1
+
+    def refused(self, reason: str) -> None:
+        """The conversation took none of the words (its queue is full): an error event, and
+        the response goes on as the model's own speech."""
+        if self._saying and self._utterance is None:
+            self._saying, self._closing = False, None
+        self.send(self.events.error(reason, code="say_refused", param="item.content"))
 
     def _word(self, event: SayEvent) -> None:
         if self._saying and event.utterance == self._utterance and event.last:
@@ -246,15 +266,14 @@ class RealtimeWire(Wire):
             self._timer.cancel()
 
     # -- the client's events ----------------------------------------------------------------------
-    def receive(self, session: RealtimeSession, msg: WSMessage) -> None:
-        if msg.type == WSMsgType.BINARY:
-            session.send(self.events.error("binary WebSocket messages are not part of the "
-                                           "protocol: send JSON text events",
-                                           code="invalid_event"))
-        elif msg.type == WSMsgType.TEXT:
+    def receive(self, session: RealtimeSession, data: str | bytes) -> None:
+        if isinstance(data, bytes):
+            session.send(self.events.error("binary messages are not part of the protocol: "
+                                           "send JSON text events", code="invalid_event"))
+        else:
             event = None
             try:
-                event = parse(msg.data)
+                event = parse(data)
                 self._handle(session, event)
             except EventError as e:  # answered; the session goes on
                 client_id = e.event_id or (event or {}).get("event_id")
@@ -267,11 +286,7 @@ class RealtimeWire(Wire):
             dropped = session.receive_audio(audio_bytes(event))
             if dropped:
                 self.state.stats.dropped.inc(dropped)
-            self._heard = True
-            if self._pending is not None:
-                self._fix()
-            elif self._timer is None:
-                self._timer = asyncio.get_running_loop().call_later(GRACE_S, self._fix)
+            self.heard()
         elif kind == "session.update":
             self._update(session, parse_session_update(event))
         elif kind == "response.create":
@@ -292,6 +307,15 @@ class RealtimeWire(Wire):
                     session.send(out)
         # commit (without transcription), output_audio_buffer.clear, other
         # conversation.item.*: nothing to do in full duplex
+
+    def heard(self) -> None:
+        """The client streams: the persona is fixed now if an update gave one, else after
+        GRACE_S for an update to come."""
+        self._heard = True
+        if self._pending is not None:
+            self._fix()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(GRACE_S, self._fix)
 
     def _update(self, session: RealtimeSession, update: SessionUpdate) -> None:
         """Formats apply at once; instructions and voice only until the persona is fixed;

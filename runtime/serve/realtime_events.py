@@ -316,6 +316,10 @@ class ServerEvents:
     def input_cleared(self) -> str:
         return self._encode("input_audio_buffer.cleared")
 
+    def output_buffer(self, change: str, response_id: str) -> str:
+        """`output_audio_buffer.started`, `.stopped` or `.cleared` (a call's, WebRTC only)."""
+        return self._encode(f"output_audio_buffer.{change}", response_id=response_id)
+
     def item_created(self, item_id: str, text: str) -> list[str]:
         """A client's assistant text item, taken into the conversation."""
         item = _message(item_id, "completed", [{"type": self.names.text_type, "text": text}])

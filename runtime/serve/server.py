@@ -22,14 +22,15 @@ from typing import Callable
 
 from aiohttp import WSCloseCode, web
 
-from personaplex_edge.contract import AUDIO_NOISE, DEPFORMER_STEP, HELIUM_STEP, TEXT_NOISE
 from personaplex_edge.errors import PersonaPlexError
 from personaplex_edge.runtime.persona import DEFAULT_VOICE, Persona
 from personaplex_edge.runtime.sampling import SamplingParams
 
 from .app import build_app
 from .auth import parse_allowed_origins
+from .call_stats import CallMetrics
 from .hosts import HostRule, parse_allowed_hosts
+from .ice import IceOptions, host_addresses
 from .opus import check_opus
 from .params import MAX_TEXT_PROMPT_CHARS, Voices
 from .session import MAX_AHEAD_S
@@ -67,6 +68,10 @@ class ServeOptions:
     device: str = "auto"
     threads: int | None = None
     persona_cache: object = None  # a runtime.persona_cache.PersonaCache (None: the model's default)
+    # WebRTC calls (ice.py): STUN/TURN servers (none: nothing is contacted) and TURN's login
+    ice_servers: tuple[str, ...] = ()
+    turn_username: str | None = None
+    turn_credential: str | None = None
 
 
 def ssl_context(ssl_dir: Path) -> ssl.SSLContext:
@@ -83,14 +88,6 @@ def ssl_context(ssl_dir: Path) -> ssl.SSLContext:
     except (ssl.SSLError, OSError) as e:
         raise PersonaPlexError(f"--ssl {ssl_dir}: cannot use cert.pem/key.pem ({e})") from None
     return ctx
-
-
-def _top_k_max(model) -> tuple[int, int]:
-    graphs = model.manifest.graphs
-
-    def last_dim(graph: str, name: str) -> int:
-        return next(t for t in graphs[graph].inputs if t.name == name).shape[-1]
-    return last_dim(HELIUM_STEP, TEXT_NOISE), last_dim(DEPFORMER_STEP, AUDIO_NOISE)
 
 
 class Server:
@@ -126,7 +123,7 @@ class Server:
         conversation with them: a bad flag fails the command, not each client (and the default
         persona's prefill lands in the persona cache, so the first client starts at once)."""
         o, model = self.options, self.model
-        o.sampling.check(*_top_k_max(model))
+        o.sampling.check(*model.top_k_max)
         model.text  # every session's prompt and text need it: a model without one stops here
         conv = model.open_conversation(o.sampling, o.persona)
         try:
@@ -151,11 +148,14 @@ class Server:
             model=model, model_name=o.model_name or Path(o.model_dir).name,
             sampling=o.sampling, persona=o.persona,
             voices=Voices(bank, Path(o.voice_dir) if o.voice_dir else None),
-            top_k_max=_top_k_max(model), ticker=Ticker(step_many, stats), stats=stats,
+            top_k_max=model.top_k_max, ticker=Ticker(step_many, stats), stats=stats,
             prefill_pool=ThreadPoolExecutor(1, thread_name_prefix="personaplex-prefill"),
             max_sessions=o.max_sessions, max_backlog=o.max_backlog, send_queue=o.send_queue,
             auth_token=o.auth_token, allowed_origins=self._origins, default_voice=default_voice,
-            max_ahead_s=o.max_ahead_s, hosts=self._hosts)
+            max_ahead_s=o.max_ahead_s, hosts=self._hosts,
+            ice=IceOptions(host_addresses(o.host), tuple(o.ice_servers), o.turn_username,
+                           o.turn_credential),
+            call_metrics=CallMetrics(stats.registry))
         self.state.ticker.start()
         # a request line long enough for the longest text_prompt, percent-encoded (aiohttp's
         # 8 KiB default would answer a bare 400 to a prompt of ~2700 characters)

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 from aiohttp import WSCloseCode
 
+from personaplex_edge.errors import PersonaPlexError
+
 from ..frame_backlog import FrameBacklog
 
 if TYPE_CHECKING:
@@ -39,6 +41,9 @@ Job = Callable[["Conversation"], Any]
 # seconds of audio a client may send ahead of the clock (a network's burst after a stall) before
 # its session ends: further ahead it would take the other sessions' CPU in decoding
 MAX_AHEAD_S = 10.0
+# commands (say, cancel) a client may send before its conversation is ready; past them its
+# session ends, as the backlog and the send queue bound the rest of what a session holds
+MAX_WAITING_JOBS = 32
 
 
 class ClientError(Exception):
@@ -155,8 +160,14 @@ class Session:
     # -- words the client has the model say (runtime/say.py) ---------------------------------
     def with_conversation(self, job: Job, then: Callable[[Any], None] | None = None) -> None:
         """job(conversation) on the tick thread between two ticks (held until the prefill is
-        done), so the event loop never waits for a tick; then(its result) on the event loop."""
+        done), so the event loop never waits for a tick; then(its result) on the event loop,
+        or `refused(reason)` when the job refuses what the client asked (PersonaPlexError).
+        ClientError past MAX_WAITING_JOBS held for the prefill."""
         if self.conv is None:
+            if len(self._waiting) >= MAX_WAITING_JOBS:
+                raise ClientError(f"{len(self._waiting)} commands wait for the persona's "
+                                  f"prefill, the most a session holds: wait until it is "
+                                  "ready")
             self._waiting.append((job, then))
             return
         conv = self.conv
@@ -167,10 +178,19 @@ class Session:
     def _job_done(self, future: Future, then: Callable[[Any], None]) -> None:
         if self.ended.done():
             return
-        if future.exception() is not None:
-            log.warning("session %d: %s", self.id, future.exception())
-            return
-        then(future.result())
+        error = future.exception()
+        if isinstance(error, PersonaPlexError):  # the client asked for what is not taken
+            self.refused(str(error))
+        elif error is not None:
+            log.warning("session %d: %s", self.id, error)
+        else:
+            then(future.result())
+
+    def refused(self, reason: str) -> None:
+        """A command of the client that a job refused (on the event loop): by default its
+        session ends with the protocol's error; a protocol that can refuse one command and go
+        on says so instead."""
+        self.end(reason, WSCloseCode.POLICY_VIOLATION)
 
     def conversation_ready(self) -> None:
         """The conversation is prefilled: its word events come to `_word` on the event loop,

@@ -10,12 +10,16 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from .client_keys import ClientKeys
+
 if TYPE_CHECKING:
     from personaplex_edge.runtime.api import Model
     from personaplex_edge.runtime.persona import Persona
     from personaplex_edge.runtime.sampling import SamplingParams
 
+    from .call_stats import CallMetrics
     from .hosts import HostRule
+    from .ice import IceOptions
     from .params import Voices
     from .session import Session
     from .stats import ServerStats
@@ -46,6 +50,12 @@ class ServerState:
     sessions: set["Session"] = field(default_factory=set)
     # summaries of the sessions that ended (newest last): for the logs' readers and benchmarks
     history: deque = field(default_factory=lambda: deque(maxlen=1000))
+    # WebRTC (webrtc.py): the candidates and ICE servers of calls, the calls by id, their
+    # metrics, and the unspent client keys
+    ice: "IceOptions | None" = None
+    calls: dict = field(default_factory=dict)
+    call_metrics: "CallMetrics | None" = None
+    client_keys: ClientKeys = field(default_factory=ClientKeys)
 
     @property
     def accepting(self) -> bool:

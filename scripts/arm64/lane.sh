@@ -4,13 +4,16 @@
 #
 #   sudo scripts/arm64/lane.sh          (CI: .ci/run, after the test suite; root is needed)
 #
-#   1. qemu-user-static, binfmt-support, debootstrap from apt; aarch64 registered with binfmt.
+#   1. qemu-user-static, binfmt-support, debootstrap from apt, and the tools the lane calls on
+#      this side (curl: the servers' health; pgrep, from procps: a server's processes);
+#      aarch64 registered with binfmt.
 #   2. The root, built once by debootstrap into $PERSONAPLEX_ARM64_CACHE (default
 #      /var/cache/personaplex-edge/arm64) with the OS packages docs/jetson.md installs, and
 #      reused while its recipe (this file's package list and suite) is the same; pip's cache
 #      lives inside it, so a warm lane downloads nothing.
 #   3. This checkout copied in (tracked and untracked files, nothing git ignores), then the
-#      install lines of docs/jetson.md's board block run there as written: no torch.
+#      install lines of docs/jetson.md's board block run there as written: no torch; the
+#      webrtc extra's aiortc and PyAV import and make an Opus track.
 #   4. The built-in demo model exported here (x86-64, torch) into a cache, then copied into the
 #      root's per-user cache, as docs/jetson.md says to move one to a board.
 #   5. The same questions on both sides: `run` (greedy and seeded), `stdio`, the Python API, the
@@ -44,7 +47,7 @@ die() { say "FAILED: $*"; exit 1; }
 
 # -- 1. qemu-user and binfmt -----------------------------------------------------------------
 missing=""
-for pkg in qemu-user-static binfmt-support debootstrap; do
+for pkg in qemu-user-static binfmt-support debootstrap curl procps; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing="$missing $pkg"
 done
 if [ -n "$missing" ]; then
@@ -125,13 +128,34 @@ printf '%s\n' "$BOARD" | sed 's/^/    /'
     echo "cd $SRC"
     printf '%s\n' "$BOARD"
 } >"$ROOT/tmp/board-install.sh"
-in_root bash /tmp/board-install.sh >"$WORK/install.log" 2>&1 || {
+# A download cut short by the network (pip then reports a hash mismatch or a broken read) is
+# tried again, up to three times; any other failure of the install is the lane's failure.
+NETWORK_FAILURE='DO NOT MATCH THE HASHES|IncompleteRead|ReadTimeoutError|ProtocolError|Connection (reset|aborted|refused)|Temporary failure in name resolution'
+for try in 1 2 3; do
+    if in_root bash /tmp/board-install.sh >"$WORK/install.log" 2>&1; then
+        break
+    fi
+    if [ "$try" -lt 3 ] && grep -Eq "$NETWORK_FAILURE" "$WORK/install.log"; then
+        say "the board's install failed on a download (try $try of 3): trying again"
+        grep -E "$NETWORK_FAILURE" "$WORK/install.log" | head -3 | sed 's/^/    /'
+        sleep 10
+        continue
+    fi
     tail -30 "$WORK/install.log"
     die "the board's install (see $WORK/install.log)"
-}
+done
 in_root "$SRC/.venv/bin/python" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("torch") is not None)' ||
     die "torch is importable in the root: the board's install must not need it"
 say "installed: $(in_root "$SRC/.venv/bin/python" -c 'import platform, onnxruntime; print(platform.machine(), "Python", platform.python_version(), "onnxruntime", onnxruntime.__version__)' 2>/dev/null)"
+# serve's WebRTC calls: aiortc and PyAV from their aarch64 wheels, and the server's call path
+# imported as a call imports it (an Opus track's codec made and one packet through it)
+in_root "$SRC/.venv/bin/python" -c '
+import aiortc, av
+from personaplex_edge.runtime.serve import webrtc_call, webrtc_media
+track = webrtc_media.AnswerTrack(24000)
+print("webrtc: aiortc", aiortc.__version__, "av", av.__version__)' >"$WORK/webrtc.log" 2>&1 ||
+    { cat "$WORK/webrtc.log"; die "the webrtc extra does not import on the board"; }
+say "$(tail -1 "$WORK/webrtc.log")"
 
 # -- 4. the demo model, exported here and moved to the "board" -------------------------------
 say "exporting the built-in demo model on x86-64"

@@ -106,8 +106,10 @@ class Page:
 class Chromium:
     """`async with Chromium(fake_audio=wav) as browser: page = await browser.page()`"""
 
-    def __init__(self, fake_audio: str | Path | None = None, binary: str | None = None):
+    def __init__(self, fake_audio: str | Path | None = None, binary: str | None = None,
+                 flags: list[str] | None = None):
         self.binary = binary or find_chromium()
+        self.flags = list(flags or [])
         if self.binary is None:
             raise FileNotFoundError("chromium is not installed (apt-get install chromium)")
         self.fake_audio = fake_audio
@@ -115,7 +117,8 @@ class Chromium:
 
     async def __aenter__(self) -> "Chromium":
         self._profile = tempfile.TemporaryDirectory(prefix="chromium-")
-        args = FLAGS + [f"--user-data-dir={self._profile.name}", "--remote-debugging-port=0"]
+        args = FLAGS + self.flags + [f"--user-data-dir={self._profile.name}",
+                                     "--remote-debugging-port=0"]
         if self.fake_audio is not None:
             args.append(f"--use-file-for-fake-audio-capture={self.fake_audio}")
         self.proc = await asyncio.create_subprocess_exec(

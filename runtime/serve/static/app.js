@@ -1,7 +1,11 @@
-// The page's conversation: microphone -> Opus (WebCodecs) -> Ogg pages -> WebSocket -> the
-// server; the server's Ogg/Opus -> WebCodecs -> the speakers, its text into the transcript.
+// The page's conversation, over either transport the transport selector names:
+// - WebSocket (/api/chat): microphone -> Opus (WebCodecs) -> Ogg pages -> the server; the
+//   server's Ogg/Opus -> WebCodecs -> the speakers, its text into the transcript;
+// - WebRTC (/v1/realtime/calls, call.js): the browser's own Opus track both ways, the text from
+//   the oai-events channel.
 // Nothing is fetched from outside this server: the page works offline.
 
+import { startCall, stopCall } from "./call.js";
 import { OggOpusWriter, OggReader, isHeaderPacket, opusHead } from "./ogg.js";
 
 const RATE = 24000; // the model's sample rate, both ways
@@ -209,6 +213,29 @@ function onEncoded(s, chunk, meta) {
   }
 }
 
+function resetState(transport) {
+  Object.assign(state, { transport, handshake: false, text: "", textPieces: 0, samplesSent: 0,
+    pagesSent: 0, samplesAnswered: 0, answerEnergy: 0, captureEnergy: 0, latencyMs: null,
+    dropped: null, framesAnswered: null, error: null, closeCode: null, serverFrameP50: null,
+    serverFrameP99: null, bufferMs: 0 });
+  $("text").textContent = "";
+}
+
+function goLive(s) {
+  live = s;
+  $("connect").textContent = "Stop";
+  $("connect").classList.add("live");
+}
+
+async function startWebRtc() {
+  resetState("webrtc");
+  const persona = { voice: $("voice").disabled ? null : $("voice").value,
+                    prompt: $("prompt").disabled ? null : $("prompt").value };
+  const ui = { state, setStatus, showFigures, onStop: () => stop() };
+  const token = new URLSearchParams(location.search).get("token");
+  goLive({ call: await startCall(ui, persona, token) });
+}
+
 async function start() {
   if (typeof AudioEncoder === "undefined" || typeof AudioDecoder === "undefined") {
     throw new Error("this browser has no WebCodecs audio (AudioEncoder); use a recent Chrome, Edge, Safari or Firefox");
@@ -223,10 +250,7 @@ async function start() {
     ctx, stream, ws: null, reader: new OggReader(), writer: null, pending: [], pendingSamples: 0,
     encodedUs: 0, decodedUs: 0, playHead: 0, captureMarks: [], timer: null,
   };
-  Object.assign(state, { handshake: false, text: "", textPieces: 0, samplesSent: 0, pagesSent: 0,
-    samplesAnswered: 0, answerEnergy: 0, captureEnergy: 0, latencyMs: null, dropped: null, framesAnswered: null, error: null,
-    closeCode: null, serverFrameP50: null, serverFrameP99: null });
-  $("text").textContent = "";
+  resetState("websocket");
   s.encoder = new AudioEncoder({
     output: (chunk, meta) => onEncoded(s, chunk, meta),
     error: (e) => fail(`Opus encoder: ${e.message}`),
@@ -252,15 +276,22 @@ async function start() {
   };
   s.ws.onerror = () => { if (!state.error) setStatus("connection failed"); };
   s.timer = setInterval(showFigures, 250);
-  live = s;
-  $("connect").textContent = "Stop";
-  $("connect").classList.add("live");
+  goLive(s);
 }
 
 function stop(closeSocket = true) {
   const s = live;
   if (!s) return;
   live = null;
+  if (s.call) {
+    stopCall(s.call);
+    showFigures();
+    $("connect").textContent = "Talk";
+    $("connect").classList.remove("live");
+    if (state.status === "talking") setStatus("stopped");
+    showHealth();
+    return;
+  }
   clearInterval(s.timer);
   showFigures();
   if (closeSocket && s.ws && s.ws.readyState <= WebSocket.OPEN) s.ws.close(1000);
@@ -281,6 +312,7 @@ function fail(reason) {
 
 $("connect").addEventListener("click", () => {
   if (live) stop();
-  else start().catch((e) => fail(e.message || String(e)));
+  else ($("transport").value === "webrtc" ? startWebRtc() : start())
+    .catch((e) => fail(e.message || String(e)));
 });
 loadVoices().catch((e) => setStatus(`cannot read /api/voices: ${e.message}`));

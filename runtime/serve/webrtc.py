@@ -1,0 +1,203 @@
+"""OpenAI Realtime over WebRTC, the browser's own transport, and the ephemeral keys a browser
+app holds instead of the server's token.
+
+    POST    /v1/realtime/calls                 an SDP offer in (application/sdp, or a multipart
+                                               form with `sdp` and `session`): 201, the answer's
+                                               SDP, `Location: /v1/realtime/calls/{call_id}`
+    DELETE  /v1/realtime/calls/{call_id}       hang up (204); POST .../hangup, OpenAI's, too
+    OPTIONS /v1/realtime/calls[/...]           the CORS preflight of a page on another origin:
+                                               answered for the allowed origins only
+    POST    /v1/realtime/client_secrets        an `ek_` key for one call (client_keys.py)
+
+A call is checked as a WebSocket is (the Host, the Origin, the token or a client key), and
+refused as one is when every slot is taken (429, 503 while stopping: the same error, and no
+UDP port opened). Its offer is read and checked (webrtc_offer.py: 400 with the reason) before a
+peer connection exists. Without aiortc (the `webrtc` extra) the route answers 501 with the line
+that installs it. The call itself: webrtc_call.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from aiohttp import web
+
+from .auth import origin_allowed, presented_tokens
+from .client_keys import KeyRequestError, is_client_key
+from .lifecycle import busy_reason, check_client, free_slot, take_slot
+from .realtime_events import EventError, parse_session_update
+from .state import STATE
+from .webrtc_offer import OfferError, check_offer, read_offer
+
+log = logging.getLogger("personaplex_edge.serve")
+
+INSTALL_LINE = "pip install 'personaplex-edge[webrtc]'"
+PREFLIGHT_MAX_AGE_S = 600
+
+
+def webrtc_missing() -> str | None:
+    """Why calls cannot be served here (aiortc or PyAV missing), or None."""
+    try:
+        import aiortc  # noqa: F401
+        import av  # noqa: F401
+    except ImportError as e:
+        return str(e)
+    return None
+
+
+def _error(status: int, message: str, type_: str = "invalid_request_error",
+           code: str | None = None, headers: dict | None = None) -> web.Response:
+    """An error in the shape OpenAI's HTTP API answers with."""
+    body = {"error": {"message": message, "type": type_, "code": code, "param": None}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+def _cors(request: web.Request) -> dict:
+    """What lets a page on an allowed origin read the answer (and its Location)."""
+    origin = request.headers.get("Origin")
+    if origin is None or not origin_allowed(request, request.app[STATE].allowed_origins):
+        return {}
+    return {"Access-Control-Allow-Origin": origin, "Vary": "Origin",
+            "Access-Control-Expose-Headers": "Location"}
+
+
+async def preflight(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    origin = request.headers.get("Origin")
+    if origin is None or not origin_allowed(request, state.allowed_origins):
+        state.stats.refused.labels(reason="origin").inc()
+        log.info("%s: refused the preflight of %s: origin %s is not allowed (--allowed-origins)",
+                 request.remote or "?", request.path, origin)
+        return web.Response(status=403, text=f"origin {origin} may not call this server; serve "
+                                             f"with --allowed-origins {origin} to admit it\n")
+    headers = _cors(request)
+    headers.update({
+        "Access-Control-Allow-Methods": "POST, DELETE, OPTIONS",
+        # the SDKs' own (Authorization, Content-Type, X-OpenAI-Agents-SDK, OpenAI-Beta, ...):
+        # whatever an allowed page asks for
+        "Access-Control-Allow-Headers": request.headers.get("Access-Control-Request-Headers",
+                                                            "authorization, content-type"),
+        "Access-Control-Max-Age": str(PREFLIGHT_MAX_AGE_S)})
+    return web.Response(status=204, headers=headers)
+
+
+def _client_key(request: web.Request) -> str | None:
+    return next((t for t in presented_tokens(request) if is_client_key(t)), None)
+
+
+async def create_call(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    peer = request.remote or "?"
+    key = _client_key(request)
+    if key is None:
+        check_client(request, state)
+    else:  # an ek_ key stands for the token, whatever the token is
+        check_client(request, state, lambda r, t: state.client_keys.valid(key))
+    cors = _cors(request)
+    missing = webrtc_missing()
+    if missing is not None:
+        return _error(501, f"this server has no WebRTC ({missing}): {INSTALL_LINE}",
+                      "server_error", "webrtc_unavailable", cors)
+    try:
+        sdp, form_session = await read_offer(request)
+        offer = check_offer(sdp, form_session)
+    except OfferError as e:
+        log.info("%s: refused %s: %s", peer, request.path, e)
+        return _error(400, str(e), code="invalid_offer", headers=cors)
+    reason = busy_reason(state, peer, request.path)
+    if reason is not None:
+        if state.stopping:
+            return _error(503, reason, "server_error", "server_shutting_down", cors)
+        return _error(429, reason, "rate_limit_error", "resource_exhausted", cors)
+    start: dict = {}
+    if key is not None:
+        grant = state.client_keys.redeem(key)
+        if grant is None:  # spent by another request meanwhile
+            state.stats.refused.labels(reason="unauthorized").inc()
+            return _error(401, "this client key is spent or expired: ask for a new one "
+                               "(POST /v1/realtime/client_secrets)", code="invalid_api_key",
+                          headers=cors)
+        start.update(grant.session)
+    start.update(offer.session)
+
+    from .webrtc_call import Call
+
+    take_slot(state)
+    call = None
+    try:
+        call = Call(state, request, offer, start)
+        answer = await call.answer()
+    except (OfferError, EventError) as e:
+        if call is not None:
+            await call.close()
+        free_slot(state)
+        log.info("%s: refused %s: %s", peer, request.path, e)
+        return _error(400, str(e), code="invalid_offer" if isinstance(e, OfferError)
+                      else "invalid_session", headers=cors)
+    except BaseException:
+        if call is not None:
+            await call.close()
+        free_slot(state)
+        raise
+    if state.stopping:  # it stopped while the answer was made: this call is not taken on
+        await call.close()
+        free_slot(state)
+        return _error(503, "the server is shutting down", "server_error",
+                      "server_shutting_down", cors)
+    state.calls[call.id] = call
+    call.task = asyncio.create_task(call.run())
+    log.info("call %s (%s): answered", call.id, peer)
+    return web.Response(status=201, text=answer, content_type="application/sdp",
+                        headers={"Location": f"/v1/realtime/calls/{call.id}", **cors})
+
+
+async def hang_up(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    check_client(request, state)
+    call = state.calls.get(request.match_info["call_id"])
+    if call is None:
+        return _error(404, f"no call {request.match_info['call_id']} (ended, or never here)",
+                      code="call_not_found", headers=_cors(request))
+    call.hang_up()
+    return web.Response(status=204 if request.method == "DELETE" else 200,
+                        headers=_cors(request))
+
+
+async def client_secret(request: web.Request) -> web.Response:
+    """POST /v1/realtime/client_secrets: needs the server's token (a client key makes none)."""
+    state = request.app[STATE]
+    check_client(request, state)  # the token itself: a client key (an ek_) makes no keys
+    body: dict = {}
+    if request.can_read_body:
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError) as e:
+            return _error(400, f"the body is not JSON ({e})")
+        if not isinstance(body, dict):
+            return _error(400, "the body must be a JSON object: {\"session\": {...}}")
+    try:
+        session = body.get("session")
+        if session is not None:  # the fields a call will honour, checked now
+            parse_session_update({"type": "session.update", "session": session})
+        key = state.client_keys.issue(body)
+    except (KeyRequestError, EventError) as e:
+        return _error(400, str(e))
+    shown = {"type": "realtime", "object": "realtime.session", "model": state.model_name,
+             **key.session}
+    log.info("%s: issued a client key, %d unspent", request.remote or "?",
+             len(state.client_keys))
+    return web.Response(text=json.dumps({"value": key.value, "expires_at": int(key.expires_at),
+                                         "session": shown}),
+                        content_type="application/json")
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/realtime/calls", create_call)
+    app.router.add_route("OPTIONS", "/v1/realtime/calls", preflight)
+    app.router.add_delete("/v1/realtime/calls/{call_id}", hang_up)
+    app.router.add_route("OPTIONS", "/v1/realtime/calls/{call_id}", preflight)
+    app.router.add_post("/v1/realtime/calls/{call_id}/hangup", hang_up)
+    app.router.add_route("OPTIONS", "/v1/realtime/calls/{call_id}/hangup", preflight)
+    app.router.add_post("/v1/realtime/client_secrets", client_secret)
