@@ -13,9 +13,11 @@ another torch) is said and left to the hashes.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Callable
 
+from personaplex_edge.contract import TRANSCRIBER_STEP
 from personaplex_edge.errors import PersonaPlexError
 from personaplex_edge.findings import Finding
 from personaplex_edge.manifest import Manifest
@@ -62,8 +64,59 @@ def _converted(job, entry, path: Path, backend: str, kv: list[str], header, cfg,
     return finding
 
 
+def _graph_finding(model_dir: Path, manifest: Manifest, job, header, cfg,
+                   progress: Progress) -> Finding:
+    """One LM (or transcriber) graph against the checkpoint: run beside its torch module where
+    it is float32 and that fits in memory, else its weights spot-checked."""
+    name, plans = job[0], job[5]
+    entry = manifest.graphs[name]
+    path = model_dir / entry.file
+    kv = sorted({r.dtype for r in entry.rings})
+    if entry.precision != "fp32" or kv not in ([], ["float32"]):
+        return _converted(job, entry, path, manifest.backend, kv, header, cfg, progress)
+    fits, need, have = full_check_fits(job)
+    if fits:
+        progress(f"checking {entry.file} against torch (the checkpoint's weights streamed)")
+        return _compared("torch", name, lambda: check_lm_graph(path, job, header, cfg))
+    progress(f"{name}: a full check needs ~{need / 1e9:.1f} GB, {have / 1e9:.1f} GB is "
+             "available: spot-checking every weight against the checkpoint instead")
+    return _compared("weights", name, lambda: {
+        "how": "weight spot check", "calls": 0,
+        "weight_rows_compared": spot_check_weights(path, plans, header)})
+
+
+def _transcriber_findings(model_dir: Path, manifest: Manifest, spec: str | None,
+                          progress: Progress) -> list[Finding]:
+    """The transcriber's step against its Kyutai checkpoint (`verify --transcriber`)."""
+    from .transcriber import (check_shared_codec, open_transcriber_header, resolve_transcriber,
+                              transcriber_jobs)
+
+    if spec is None:
+        return [Finding("torch", TRANSCRIBER_STEP, True, "not compared: give --transcriber "
+                        "STT_CHECKPOINT to check it against torch; its hash and signature are "
+                        "checked")]
+    stt = resolve_transcriber(spec, progress)
+    mine = dataclasses.replace(stt.config, tokenizer=None, source="", source_revision=None)
+    theirs = dataclasses.replace(manifest.transcriber, tokenizer=None, source="",
+                                 source_revision=None)
+    if mine != theirs:
+        return [Finding("config", spec, False, "the transcriber checkpoint describes another "
+                        "model than the manifest's transcriber: not the one of this export")]
+    try:
+        check_shared_codec(stt, manifest.codec_sha256, manifest.config.mimi_config,
+                           str(model_dir))
+    except PersonaPlexError as e:
+        return [Finding("codec", spec, False, str(e))]
+    header = open_transcriber_header(stt.lm, stt.config)
+    job = transcriber_jobs(stt.config, manifest.batch)[0]
+    return [_graph_finding(model_dir, manifest, job, header, stt.config, progress)]
+
+
 def against_checkpoint(model_dir: str | Path, manifest: Manifest, checkpoint: str,
-                       progress: Progress = print) -> list[Finding]:
+                       progress: Progress = print,
+                       transcriber: str | None = None) -> list[Finding]:
+    """Every graph of the export against `checkpoint` (and, for a model with a transcriber,
+    its step against the `transcriber` checkpoint)."""
     model_dir = Path(model_dir)
     with_lm = "lm" in manifest.contents
     ckpt = resolve_checkpoint(checkpoint, with_lm=with_lm, progress=progress)
@@ -76,31 +129,20 @@ def against_checkpoint(model_dir: str | Path, manifest: Manifest, checkpoint: st
     out = []
     progress(f"checking the codec graphs against torch ({ckpt.mimi.name})")
     mimi = load_mimi(ckpt.mimi, cfg.mimi_config)
-    for name, fn, inputs, outputs, state, _ in codec_steps(mimi, batch):
+    encoder = None  # with a transcriber the encoder makes its codebooks too
+    if manifest.transcriber is not None:
+        encoder = load_mimi(ckpt.mimi, dataclasses.replace(
+            cfg.mimi_config, num_codebooks=manifest.transcriber.num_audio_codebooks))
+    for name, _, fn, inputs, outputs, state, _ in codec_steps(mimi, batch, encoder):
         path = model_dir / manifest.graphs[name].file
         out.append(_compared("torch", name, lambda: check_codec_graph(path, fn, inputs,
                                                                       outputs, state)))
-    del mimi
+    del mimi, encoder
     if not with_lm:
         return out
     header = open_lm_header(ckpt.lm, cfg)
-    for job in lm_jobs(cfg, batch):
-        name, plans = job[0], job[5]
-        entry = manifest.graphs[name]
-        path = model_dir / entry.file
-        kv = sorted({r.dtype for r in entry.rings})
-        if entry.precision != "fp32" or kv not in ([], ["float32"]):
-            out.append(_converted(job, entry, path, manifest.backend, kv, header, cfg,
-                                  progress))
-            continue
-        fits, need, have = full_check_fits(job)
-        if fits:
-            progress(f"checking {entry.file} against torch (the checkpoint's weights streamed)")
-            out.append(_compared("torch", name, lambda: check_lm_graph(path, job, header, cfg)))
-        else:
-            progress(f"{name}: a full check needs ~{need / 1e9:.1f} GB, {have / 1e9:.1f} GB is "
-                     "available: spot-checking every weight against the checkpoint instead")
-            out.append(_compared("weights", name, lambda: {
-                "how": "weight spot check", "calls": 0,
-                "weight_rows_compared": spot_check_weights(path, plans, header)}))
+    out += [_graph_finding(model_dir, manifest, job, header, cfg, progress)
+            for job in lm_jobs(cfg, batch)]
+    if manifest.transcriber is not None:
+        out += _transcriber_findings(model_dir, manifest, transcriber, progress)
     return out

@@ -146,12 +146,14 @@ class Helium(nn.Module):
         h = self.cfg.temporal_config
         return (batch, h.num_attention_heads, self.context, h.head_dim)
 
-    def input_embedding(self, tokens: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
-        """tokens [B, F, 17] int64, extra [B, F, D] -> [B, F, D]."""
-        audio = tokens[..., 1:]  # [B, F, 16]
-        flat = self.audio_emb.reshape(-1, self.audio_emb.shape[-1])  # [16 * (card + 1), D]
-        rows = embed(flat, torch.where(audio >= 0, audio + self.table_offsets, -1))  # [B,F,16,D]
-        return rows.sum(dim=2) + embed(self.text_emb, tokens[..., 0]) + extra
+    def input_embedding(self, tokens: torch.Tensor, extra: torch.Tensor | None) -> torch.Tensor:
+        """tokens [B, F, 1 + n] int64 (text, then n audio streams), extra [B, F, D] or None
+        -> [B, F, D]."""
+        audio = tokens[..., 1:]  # [B, F, n]
+        flat = self.audio_emb.reshape(-1, self.audio_emb.shape[-1])  # [n * (card + 1), D]
+        rows = embed(flat, torch.where(audio >= 0, audio + self.table_offsets, -1))  # [B,F,n,D]
+        x = rows.sum(dim=2) + embed(self.text_emb, tokens[..., 0])
+        return x if extra is None else x + extra
 
     def visible_slots(self, position: torch.Tensor, frames: torch.Tensor) -> torch.Tensor:
         """position [B] int64 (the call's first frame), frames [F] (0..F-1) -> [B, 1, F, T] bool:

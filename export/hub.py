@@ -163,37 +163,62 @@ def _check_disk_space(repo: str, missing: dict[str, int]) -> None:
             "HF_HOME) at a larger disk")
 
 
-def _download(repo: str, with_lm: bool, progress: Callable[[str], None]) -> CheckpointFiles:
+def hub_fetch(repo: str, name: str, required: bool, sizes: dict[str, int] | None,
+              progress: Callable[[str], None]) -> Path | None:
+    """One file of a hub repository through huggingface_hub's cache; None for an optional one
+    the repository lacks (or, offline, the cache). Every failure a CheckpointError."""
     try:
-        from huggingface_hub import hf_hub_download, try_to_load_from_cache
+        from huggingface_hub import hf_hub_download
         from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError,
                                             LocalEntryNotFoundError, RepositoryNotFoundError)
     except ImportError as e:
         raise CheckpointError("downloading needs huggingface_hub: pip install "
                               "'personaplex-edge[export]'") from e
-
-    def fetch(name: str, required: bool, sizes: dict[str, int] | None) -> Path | None:
-        if sizes is not None and name not in sizes and not required:
-            return None  # the hub said the repository does not have it
-        try:
-            return Path(hf_hub_download(repo, name))
-        except GatedRepoError:
-            raise _gated(repo) from None
-        except RepositoryNotFoundError:
-            raise _not_found(repo) from None
-        except LocalEntryNotFoundError:  # (a subclass of EntryNotFoundError: first)
-            if not required:
-                progress(f"{name}: not in the local cache and the hub cannot be reached; "
-                         "going on without it")
-                return None
-            raise CheckpointError(f"cannot download {name} from {repo}: no connection (or "
-                                  "HF_HUB_OFFLINE=1) and it is not in the local cache") from None
-        except EntryNotFoundError:
-            if required:
-                raise CheckpointError(f"{repo} has no file {name}") from None
+    if sizes is not None and name not in sizes and not required:
+        return None  # the hub said the repository does not have it
+    try:
+        return Path(hf_hub_download(repo, name))
+    except GatedRepoError:
+        raise _gated(repo) from None
+    except RepositoryNotFoundError:
+        raise _not_found(repo) from None
+    except LocalEntryNotFoundError:  # (a subclass of EntryNotFoundError: first)
+        if not required:
+            progress(f"{name}: not in the local cache and the hub cannot be reached; "
+                     "going on without it")
             return None
-        except Exception as e:  # network and HTTP errors: one line, not a traceback
-            raise CheckpointError(f"cannot download {name} from {repo}: {e}") from e
+        raise CheckpointError(f"cannot download {name} from {repo}: no connection (or "
+                              "HF_HUB_OFFLINE=1) and it is not in the local cache") from None
+    except EntryNotFoundError:
+        if required:
+            raise CheckpointError(f"{repo} has no file {name}") from None
+        return None
+    except Exception as e:  # network and HTTP errors: one line, not a traceback
+        raise CheckpointError(f"cannot download {name} from {repo}: {e}") from e
+
+
+def prepare_download(repo: str, sizes: dict[str, int] | None, required: list[str],
+                     progress: Callable[[str], None], what: str) -> None:
+    """Before fetching: every required file there (`what` says what the repository should
+    be), the missing ones' bytes free in the cache, a line for each large one."""
+    from huggingface_hub import try_to_load_from_cache
+
+    if sizes is None:
+        return
+    absent = [name for name in required if name not in sizes]
+    if absent:
+        raise CheckpointError(f"{repo} has no file {', '.join(absent)}: is it {what}?")
+    missing = {name: size for name, size in sizes.items()
+               if not isinstance(try_to_load_from_cache(repo, name), str)}
+    _check_disk_space(repo, missing)
+    for name, size in missing.items():
+        if size > 100 << 20:
+            progress(f"downloading {name} ({size / 1e9:.1f} GB) from {repo}")
+
+
+def _download(repo: str, with_lm: bool, progress: Callable[[str], None]) -> CheckpointFiles:
+    def fetch(name: str, required: bool, sizes: dict[str, int] | None) -> Path | None:
+        return hub_fetch(repo, name, required, sizes, progress)
 
     # the config first (a few bytes): it may name the Mimi file
     config_path = fetch(CONFIG_FILE, required=False, sizes=None)
@@ -202,17 +227,8 @@ def _download(repo: str, with_lm: bool, progress: Callable[[str], None]) -> Chec
     required = [mimi_name] + ([LM_FILE] if with_lm else [])
     optional = [TOKENIZER_FILE, VOICES_FILE] if with_lm else []
     sizes = remote_sizes(repo, required + optional + ([CONFIG_FILE] if config_path else []))
-    if sizes is not None:
-        absent = [name for name in required if name not in sizes]
-        if absent:
-            raise CheckpointError(f"{repo} has no file {', '.join(absent)}: is it a PersonaPlex "
-                                  f"checkpoint (like {DEFAULT_REPO})?")
-        missing = {name: size for name, size in sizes.items()
-                   if not isinstance(try_to_load_from_cache(repo, name), str)}
-        _check_disk_space(repo, missing)
-        for name, size in missing.items():
-            if size > 100 << 20:
-                progress(f"downloading {name} ({size / 1e9:.1f} GB) from {repo}")
+    prepare_download(repo, sizes, required, progress,
+                     f"a PersonaPlex checkpoint (like {DEFAULT_REPO})")
 
     mimi = fetch(mimi_name, True, sizes)
     lm = fetch(LM_FILE, True, sizes) if with_lm else None

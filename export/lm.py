@@ -20,6 +20,7 @@ The caller owns the ring and writes present.{i}.* into slot position % T after e
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import tempfile
@@ -37,8 +38,8 @@ from personaplex_edge.config import PersonaPlexConfig
 from personaplex_edge.contract import (AUDIO_NOISE, AUDIO_TEMPERATURE, AUDIO_TOKENS, AUDIO_TOP_K,
                                        DEPFORMER_STEP, EXTRA_EMBEDDING, FRAMES_AXIS, HELIUM_STEP,
                                        HIDDEN, KV_INPUT_PREFIX, KV_KINDS, POSITION, TEXT_NOISE,
-                                       TEXT_TEMPERATURE, TEXT_TOKEN, TEXT_TOP_K, TOKENS, kv_input,
-                                       kv_output)
+                                       TEXT_TEMPERATURE, TEXT_TOKEN, TEXT_TOP_K, TOKENS,
+                                       TRANSCRIBER_STEP, kv_input, kv_output)
 from personaplex_edge.manifest import GraphEntry, TensorSpec
 from personaplex_edge.gumbel import gumbel_noise
 from personaplex_edge.streams import NUM_STREAMS
@@ -54,6 +55,7 @@ from .precision_plan import PrecisionPlan
 from .sampling import DEFAULT_K_MAX
 
 Shapes = dict[str, tuple[int, ...]]
+RING_GRAPHS = (HELIUM_STEP, TRANSCRIBER_STEP)  # the graphs with a KV ring
 
 
 # ---- checkpoint layout ---------------------------------------------------------------------------
@@ -66,10 +68,12 @@ def _canonical_key(key: str) -> str:
                   r"\1.out_proj.weight", key)
 
 
-def expected_lm_tensors(cfg: PersonaPlexConfig) -> Shapes:
-    """Every tensor of `model.safetensors` with the shape `cfg` implies (475 for the 7B)."""
-    h, d = cfg.temporal_config, cfg.depformer_config
-    D, dim = h.hidden_size, d.hidden_size
+def temporal_tensors(cfg) -> Shapes:
+    """The temporal transformer's tensors, in moshi's names, with the shapes `cfg` implies: its
+    layers, the final norm, the audio and text tables and the text head (`cfg` a
+    PersonaPlexConfig or a TranscriberConfig)."""
+    h = cfg.temporal_config
+    D = h.hidden_size
     shapes: Shapes = {}
     for i in range(h.num_hidden_layers):
         p = f"transformer.layers.{i}"
@@ -84,6 +88,14 @@ def expected_lm_tensors(cfg: PersonaPlexConfig) -> Shapes:
         shapes[f"emb.{k}.weight"] = (cfg.audio_vocab_size + 1, D)
     shapes["text_emb.weight"] = (cfg.text_embedding_rows, D)
     shapes["text_linear.weight"] = (cfg.text_vocab_size, D)
+    return shapes
+
+
+def expected_lm_tensors(cfg: PersonaPlexConfig) -> Shapes:
+    """Every tensor of `model.safetensors` with the shape `cfg` implies (475 for the 7B)."""
+    h, d = cfg.temporal_config, cfg.depformer_config
+    D, dim = h.hidden_size, d.hidden_size
+    shapes = temporal_tensors(cfg)
     for j in range(d.num_hidden_layers):
         p = f"depformer.layers.{j}"
         shapes[f"{p}.self_attn.in_proj_weight"] = (d.dep_q * 3 * dim, dim)
@@ -110,7 +122,14 @@ def open_lm_checkpoint(path: str | Path, cfg: PersonaPlexConfig) -> TensorFile:
 
 def helium_plan(cfg: PersonaPlexConfig) -> dict[str, WeightPlan]:
     """What each Helium parameter is made of, in checkpoint terms (module name -> plan)."""
-    h, shapes = cfg.temporal_config, expected_lm_tensors(cfg)
+    return temporal_plan(cfg, expected_lm_tensors(cfg))
+
+
+def temporal_plan(cfg, shapes: Shapes) -> dict[str, WeightPlan]:
+    """The plan of a Helium-style temporal transformer whose checkpoint holds `shapes` in
+    moshi's names: PersonaPlex's, or a Kyutai STT model's (`cfg` a PersonaPlexConfig or a
+    TranscriberConfig)."""
+    h = cfg.temporal_config
     n, rows, D = cfg.num_audio_codebooks, cfg.audio_vocab_size + 1, h.hidden_size
     plan = {"text_emb": WeightPlan.whole("text_emb.weight", shapes["text_emb.weight"]),
             # the 16 audio tables stacked [16, card + 1, D]: one after another in memory
@@ -263,7 +282,7 @@ def example_inputs(specs: list[TensorSpec], cfg: PersonaPlexConfig, seed: int = 
     out: dict[str, np.ndarray] = {}
     for s in specs:
         if s.name == TOKENS:
-            vocab = np.array([cfg.text_vocab_size] + [cfg.audio_vocab_size] * (NUM_STREAMS - 1))
+            vocab = np.array([cfg.text_vocab_size] + [cfg.audio_vocab_size] * (s.shape[-1] - 1))
             t = rng.integers(0, vocab + 1, size=s.shape)
             t[..., -1] = -1  # one stream contributing nothing
             out[s.name] = t.astype(np.int64)
@@ -328,19 +347,26 @@ def _set_parameter(module: nn.Module, name: str, value: torch.Tensor) -> None:
 
 
 def placeholder_lm(cfg: PersonaPlexConfig) -> tuple[Helium, Depformer]:
-    """Helium and the depformer with placeholder weights: traceable, with the real shapes, in
-    the memory of the largest one. Every placeholder is a zero view of one shared buffer;
-    contiguous on purpose: the tracer keeps alive the contiguous copy an op makes of a strided
-    weight (an expanded scalar, say), which would add up to the whole model."""
+    """Helium and the depformer with placeholder weights (placeholder_modules)."""
+    helium, depformer = placeholder_modules([lambda: Helium(cfg), lambda: Depformer(cfg)])
+    return helium, depformer
+
+
+def placeholder_modules(factories: list[Callable[[], nn.Module]]) -> list[nn.Module]:
+    """Modules with placeholder weights: traceable, with the real shapes, in the memory of the
+    largest one. Every placeholder is a zero view of one shared buffer; contiguous on purpose:
+    the tracer keeps alive the contiguous copy an op makes of a strided weight (an expanded
+    scalar, say), which would add up to the whole model."""
     with torch.device("meta"):
-        helium, depformer = Helium(cfg), Depformer(cfg)
-    helium.make_buffers()
-    for module in (helium, depformer):
+        modules = [make() for make in factories]
+    for module in modules:
+        if isinstance(module, Helium):
+            module.make_buffers()
         params = list(module.named_parameters())
         buffer = torch.zeros(max(p.numel() for _, p in params))
         for name, p in params:
             _set_parameter(module, name, buffer[:p.numel()].view(p.shape))
-    return helium.eval(), depformer.eval()
+    return [m.eval() for m in modules]
 
 
 @contextmanager
@@ -455,8 +481,11 @@ def available_memory() -> int | None:
     return None
 
 
-def _probe_config(cfg: PersonaPlexConfig) -> PersonaPlexConfig:
+def _probe_config(cfg):
     """The same model with one layer in each transformer: every kind of weight at full width."""
+    if not isinstance(cfg, PersonaPlexConfig):  # a transcriber: one transformer
+        return dataclasses.replace(cfg, temporal_config=dataclasses.replace(
+            cfg.temporal_config, num_hidden_layers=1))
     d = cfg.to_dict()
     d["temporal_config"]["num_hidden_layers"] = 1
     d["depformer_config"]["num_hidden_layers"] = 1
@@ -464,8 +493,9 @@ def _probe_config(cfg: PersonaPlexConfig) -> PersonaPlexConfig:
 
 
 def _ring_names(name: str, cfg: PersonaPlexConfig) -> tuple[list[str], list[str]]:
-    """(ring inputs, row outputs) of an LM graph: helium_step's KV ring, none elsewhere."""
-    if name != HELIUM_STEP:
+    """(ring inputs, row outputs) of an LM graph: the KV ring of helium_step (and of the
+    transcriber's step), none elsewhere."""
+    if name not in RING_GRAPHS:
         return [], []
     layers = range(cfg.temporal_config.num_hidden_layers)
     return ([kv_input(i, kind) for i in layers for kind in KV_KINDS],
@@ -561,6 +591,7 @@ def export_lm_graphs_frugal(cfg: PersonaPlexConfig, checkpoint_path: str | Path,
                             verify: bool | str = "auto",
                             progress: Callable[[str], None] = lambda s: None,
                             precisions: dict[str, PrecisionPlan] | None = None,
+                            jobs: Callable = lm_jobs, open_header: Callable = open_lm_header,
                             ) -> dict[str, GraphEntry]:
     """export_lm_graphs' graphs, written without holding the model in memory and without a
     float32 copy on disk: each weight goes from the checkpoint to `<graph>.onnx.data` in its
@@ -578,16 +609,19 @@ def export_lm_graphs_frugal(cfg: PersonaPlexConfig, checkpoint_path: str | Path,
                         (spot_check_weights)
       "auto"            "full" where it fits in the available memory, else "reduced"
       "off" (or False)  nothing
+
+    `jobs` and `open_header` say which graphs and checkpoint: the LM's by default, the
+    transcriber's (export/transcriber.py) otherwise.
     """
     mode = {True: "full", False: "off"}.get(verify, verify)
     if mode not in ("full", "reduced", "auto", "off"):
         raise ValueError(f"verify={verify!r}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    header = open_lm_header(checkpoint_path, cfg)
+    header = open_header(checkpoint_path, cfg)
     precisions = precisions or {}
     entries = {}
-    for job in lm_jobs(cfg, batch, k_max):
+    for job in jobs(cfg, batch, k_max):
         name, plans = job[0], job[5]
         check = mode
         if mode == "auto":
@@ -601,7 +635,7 @@ def export_lm_graphs_frugal(cfg: PersonaPlexConfig, checkpoint_path: str | Path,
             t0 = time.perf_counter()
             progress(f"  {name}: checking a one-layer probe in onnxruntime against torch")
             probe_cfg = _probe_config(cfg)
-            probe = next(j for j in lm_jobs(probe_cfg, batch, k_max) if j[0] == name)
+            probe = next(j for j in jobs(probe_cfg, batch, k_max) if j[0] == name)
             with tempfile.TemporaryDirectory(prefix=f".probe_{name}", dir=out_dir) as tmp:
                 probed = _check_only(probe, header, Path(tmp), probe_cfg)
             progress(f"  {name}: probe checked ({time.perf_counter() - t0:.0f} s)")

@@ -10,6 +10,7 @@ directory, so export/ imports nothing of runtime/."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from pathlib import Path
@@ -19,7 +20,8 @@ import torch
 
 from personaplex_edge.atomic import staged_dir
 from personaplex_edge.contract import (BACKENDS, CODES, MIMI_DECODER, MIMI_ENCODER,
-                                       MIMI_RING_PREFIX, MIMI_ROWS_PREFIX, PCM)
+                                       MIMI_RING_PREFIX, MIMI_ROWS_PREFIX, PCM,
+                                       TRANSCRIBER_STEP)
 from personaplex_edge.errors import PersonaPlexError
 from personaplex_edge.manifest import (GraphEntry, Manifest, TensorSpec, load_model_dir,
                                        sha256_file, write_manifest)
@@ -29,6 +31,7 @@ from .mimi import Mimi, load_mimi
 from .onnx_export import CHECK_ATOL, export_step, verify_step
 from .precision_plan import PrecisionPlan, check_plans
 from .streaming import rings_as_io
+from .transcriber import TranscriberFiles, check_shared_codec, export_transcriber_graph
 
 Progress = Callable[[str], None]
 VERIFY = ("auto", "full", "reduced", "off")  # the LM graphs' check, see export_lm_graphs_frugal
@@ -37,23 +40,29 @@ VERIFY = ("auto", "full", "reduced", "off")  # the LM graphs' check, see export_
 CODEC_CHECK_CALLS = 3  # consecutive frames, each fed the state the one before returned
 
 
-def codec_steps(mimi: Mimi, batch: int):
-    """(graph name, step, inputs [(spec, example)], output names, state, rings) of each codec
-    graph, with the examples the export traces and checks it on (seeded: the same every
-    time, so `personaplex-edge verify` checks a finished export exactly as it was checked)."""
+def codec_steps(mimi: Mimi, batch: int, encoder: Mimi | None = None,
+                names: tuple[str, ...] = (MIMI_ENCODER, MIMI_DECODER)):
+    """(graph name, owner, step, inputs [(spec, example)], output names, state, rings) of each
+    codec graph of `names`, with the examples the export traces and checks it on (seeded: the
+    same every time, so `personaplex-edge verify` checks a finished export exactly as it was
+    checked). `encoder`: the same codec making more codebooks (a transcriber reads 32), whose
+    encoder graph replaces `mimi`'s."""
     cfg = mimi.cfg
+    enc = encoder or mimi
     gen = torch.Generator().manual_seed(0)
     pcm = torch.randn(batch, 1, cfg.samples_per_frame, generator=gen) * 0.1
     codes = torch.randint(0, cfg.card, (batch, cfg.num_codebooks), generator=gen)
-    for name, step, spec, example, output, state, rings in (
-            (MIMI_ENCODER, mimi.encode_step, TensorSpec(PCM, tuple(pcm.shape), "float32"),
-             pcm, CODES, mimi.encoder_state(batch), mimi.encoder_rings(batch)),
-            (MIMI_DECODER, mimi.decode_step, TensorSpec(CODES, tuple(codes.shape), "int64"),
-             codes, PCM, mimi.decoder_state(batch), mimi.decoder_rings(batch))):
+    for name, owner, step, spec, example, output, state, rings in (
+            (MIMI_ENCODER, enc, enc.encode_step, TensorSpec(PCM, tuple(pcm.shape), "float32"),
+             pcm, CODES, enc.encoder_state(batch), enc.encoder_rings(batch)),
+            (MIMI_DECODER, mimi, mimi.decode_step,
+             TensorSpec(CODES, tuple(codes.shape), "int64"), codes, PCM,
+             mimi.decoder_state(batch), mimi.decoder_rings(batch))):
         inputs = [(spec, example)] + [(TensorSpec(r.input_name, r.shape, r.dtype),
                                        torch.randn(r.shape, generator=gen)) for r in rings]
-        yield (name, rings_as_io(step, rings), inputs, [output] + [r.output_name for r in rings],
-               state, rings)
+        if name in names:
+            yield (name, owner, rings_as_io(step, rings), inputs,
+                   [output] + [r.output_name for r in rings], state, rings)
 
 
 def check_codec_graph(path: Path, fn, inputs, outputs, state,
@@ -65,12 +74,15 @@ def check_codec_graph(path: Path, fn, inputs, outputs, state,
     return {"how": "full", "calls": CODEC_CHECK_CALLS, "outputs": measured}
 
 
-def export_codec(mimi: Mimi, out: Path, batch: int, progress: Progress) -> dict[str, GraphEntry]:
+def export_codec(mimi: Mimi, out: Path, batch: int, progress: Progress,
+                 encoder: Mimi | None = None,
+                 names: tuple[str, ...] = (MIMI_ENCODER, MIMI_DECODER)) -> dict[str, GraphEntry]:
     graphs = {}
-    for name, fn, inputs, outputs, state, rings in codec_steps(mimi, batch):
+    for name, owner, fn, inputs, outputs, state, rings in codec_steps(mimi, batch, encoder,
+                                                                       names):
         t0 = time.perf_counter()
         path = out / f"{name}.onnx"
-        entry = export_step(mimi, fn, inputs, outputs, state, path)
+        entry = export_step(owner, fn, inputs, outputs, state, path)
         entry.check = check_codec_graph(path, fn, inputs, outputs, state)
         entry = entry.split_rings(MIMI_RING_PREFIX, MIMI_ROWS_PREFIX, position=rings[0].position)
         progress(f"  {name}.onnx: {len(state)} state tensors, {len(rings)} KV rings, checked "
@@ -164,7 +176,9 @@ def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "f
                  backend: str = "onnx", batch: int = 1,
                  progress: Progress = print, verify: str = "auto",
                  kv_dtype: str | None = None, engine_builder: EngineBuilder | None = None,
-                 depformer_precision: str | None = None) -> Manifest:
+                 depformer_precision: str | None = None,
+                 transcriber: TranscriberFiles | None = None,
+                 transcriber_precision: str | None = None) -> Manifest:
     """Writes the model directory for `ckpt`: the codec always; the language model, its
     tokenizer and its voice bank when the checkpoint has them. `verify` chooses the LM graphs'
     check (export_lm_graphs_frugal: "auto", "full", "reduced", "off"); the codec is always
@@ -175,7 +189,12 @@ def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "f
     manifest is written; without one the graphs are written for a later
     `personaplex-edge engines --model DIR` on the target. Every choice is checked before
     anything is written: what a backend cannot run is refused, what TensorRT may not honour
-    (int8 / fp8 weight-only) is said first."""
+    (int8 / fp8 weight-only) is said first.
+
+    With `transcriber` (a Kyutai STT checkpoint, export/transcriber.py) its step graph is
+    written beside the LM's (in `transcriber_precision`, else `precision`) and the encoder
+    makes the codebooks it reads, its first 8 those PersonaPlex reads; a transcriber whose
+    codec is not this checkpoint's is refused before anything is written."""
     if backend not in BACKENDS:
         raise PersonaPlexError(f"unknown backend {backend}; choose one of {', '.join(BACKENDS)}")
     if verify not in VERIFY:
@@ -185,18 +204,29 @@ def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "f
                                "a whole number, at least 1")
     # an impossible combination (fp8 or bf16 for onnxruntime, a bad KV dtype) fails now, not
     # after the codec's export and the LM's check it would otherwise follow
-    plans, warnings = check_plans(precision, backend, kv_dtype, depformer_precision)
+    plans, warnings = check_plans(precision, backend, kv_dtype, depformer_precision,
+                                  (transcriber_precision or precision) if transcriber
+                                  else None)
     engines = backend == "tensorrt" and engine_builder is not None
     cfg = ckpt.config
     check_output_space(ckpt, out_dir, precision, depformer_precision, engines=engines)
     for line in warnings if ckpt.lm is not None else []:
         progress(line)
+    codec_sha256 = sha256_file(ckpt.mimi)
+    if transcriber is not None:
+        if ckpt.lm is None:
+            raise PersonaPlexError("--transcriber goes with a language model: export without "
+                                   "--codec-only")
+        check_shared_codec(transcriber, codec_sha256, cfg.mimi_config, ckpt.source)
     progress(f"loading Mimi from {ckpt.mimi}")
     mimi = load_mimi(ckpt.mimi, cfg.mimi_config)
+    encoder = None if transcriber is None else load_mimi(ckpt.mimi, dataclasses.replace(
+        cfg.mimi_config, num_codebooks=transcriber.config.num_audio_codebooks))
     with staged_dir(out_dir, progress=progress) as stage:  # says what a killed one left
-        graphs = export_codec(mimi, stage, batch, progress)
-        del mimi
+        graphs = export_codec(mimi, stage, batch, progress, encoder)
+        del mimi, encoder
         contents = ["codec"]
+        stt_cfg = None
         tokenizer = voices = None
         files = {}
         if ckpt.lm is not None:
@@ -210,11 +240,19 @@ def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "f
                 tokenizer = ckpt.tokenizer.name
                 shutil.copyfile(ckpt.tokenizer, stage / tokenizer)
                 files[tokenizer] = sha256_file(stage / tokenizer)
+        if transcriber is not None:
+            stt_graphs, stt_files, stt_cfg = export_transcriber_graph(
+                transcriber, stage, batch, progress, verify, plans.get(TRANSCRIBER_STEP),
+                taken=set(files))
+            graphs.update(stt_graphs)
+            files.update(stt_files)
+            contents.append("transcriber")
         manifest = Manifest(config=cfg, graphs=graphs, contents=contents,
                             precision=precision,
                             backend=backend, tokenizer=tokenizer, voices=voices,
                             source=ckpt.source, files=files,
-                            source_revision=ckpt.revision)
+                            source_revision=ckpt.revision, codec_sha256=codec_sha256,
+                            transcriber=stt_cfg)
         if engines:
             manifest = engine_builder(stage, manifest, progress=progress)
         elif backend == "tensorrt":

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from personaplex_edge.contract import BACKENDS, DEPFORMER_STEP, HELIUM_STEP, PRECISIONS
+from personaplex_edge.contract import (BACKENDS, DEPFORMER_STEP, HELIUM_STEP, PRECISIONS,
+                                       TRANSCRIBER_STEP)
 from personaplex_edge.errors import PersonaPlexError
 
 KV_DTYPES = ("float32", "float16", "bfloat16")
@@ -125,11 +126,15 @@ def tensorrt_warnings(plans: dict[str, PrecisionPlan], backend: str) -> list[str
 
 
 def check_plans(precision: str, backend: str, kv_dtype: str | None = None,
-                depformer_precision: str | None = None) -> tuple[dict[str, PrecisionPlan],
-                                                                 list[str]]:
+                depformer_precision: str | None = None,
+                transcriber_precision: str | None = None,
+                ) -> tuple[dict[str, PrecisionPlan], list[str]]:
     """The plans of an export, or one PersonaPlexError naming everything it cannot honour;
-    with the warnings to show before it starts."""
+    with the warnings to show before it starts. `transcriber_precision` (the transcriber's
+    step, by default the LM's `precision`) adds the transcriber's plan."""
     plans = lm_plans(precision, backend, kv_dtype, None, depformer_precision)
+    if transcriber_precision is not None:
+        plans[TRANSCRIBER_STEP] = plan_for(transcriber_precision, backend, kv_dtype)
     refused = refusals(plans, backend)
     if refused:
         raise PersonaPlexError("; ".join(refused))

@@ -64,9 +64,16 @@ def write_random_lm(cfg: PersonaPlexConfig, path: str | Path, seed: int = 0,
     `progress(n)` after each n bytes. Returns the file's size."""
     from .lm import expected_lm_tensors
 
+    return write_random_tensors(expected_lm_tensors(cfg), path, seed, progress)
+
+
+def write_random_tensors(shapes: dict[str, tuple[int, ...]], path: str | Path, seed: int = 0,
+                         progress: Callable[[int], None] | None = None) -> int:
+    """A checkpoint of these tensors (any LM in moshi's names: PersonaPlex's, a Kyutai STT
+    model's) at `path`, as write_random_lm writes one."""
     rng = np.random.default_rng(seed)
     pool = rng.standard_normal(POOL, dtype=np.float32)
-    shapes = dict(sorted(expected_lm_tensors(cfg).items()))
+    shapes = dict(sorted(shapes.items()))
     head = safetensors_header(shapes)
     with open(path, "wb") as f:
         f.write(head)

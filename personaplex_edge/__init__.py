@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["Conversation", "Model", "PersonaPlexError", "Response", "__version__", "load",
-           "read_audio", "write_audio"]
+__all__ = ["Conversation", "Heard", "Model", "PersonaPlexError", "Response", "__version__",
+           "load", "read_audio", "write_audio"]
 
 # public name -> the module that defines it
 _LAZY = {
@@ -29,6 +29,7 @@ _LAZY = {
     "Model": "personaplex_edge.runtime.api",
     "Conversation": "personaplex_edge.runtime.api",
     "Response": "personaplex_edge.runtime.api",
+    "Heard": "personaplex_edge.runtime.api",
     "PersonaPlexError": "personaplex_edge.errors",
     "read_audio": "personaplex_edge.audio",
     "write_audio": "personaplex_edge.audio",
@@ -37,7 +38,7 @@ _LAZY = {
 if TYPE_CHECKING:
     from .audio import read_audio, write_audio
     from .errors import PersonaPlexError
-    from .runtime.api import Conversation, Model, Response, load
+    from .runtime.api import Conversation, Heard, Model, Response, load
 
 
 def __getattr__(name: str) -> Any:

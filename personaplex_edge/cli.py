@@ -72,12 +72,15 @@ def cmd_export(args) -> int:
     elif args.private:
         raise PersonaPlexError("--private goes with --push-to-hub OWNER/NAME")
     need_export_extra()
+    if args.checkpoint is None:
+        return _export_transcriber(args)
     from .export.hub import resolve_checkpoint
     from .export.model_export import export_model
     from .export.precision_plan import check_plans
 
     # what cannot run is refused before a checkpoint is downloaded or anything written
-    check_plans(args.precision, args.backend, args.kv_dtype, args.depformer_precision)
+    check_plans(args.precision, args.backend, args.kv_dtype, args.depformer_precision,
+                (args.transcriber_precision or args.precision) if args.transcriber else None)
     if args.batch < 1:
         raise PersonaPlexError(f"--batch {args.batch}: the conversations a graph call steps "
                                "must be at least 1")
@@ -91,14 +94,39 @@ def cmd_export(args) -> int:
         builder = trt_build.build_engines
     t0 = time.perf_counter()
     ckpt = resolve_checkpoint(args.checkpoint, with_lm=not args.codec_only)
+    transcriber = None
+    if args.transcriber:
+        from .export.transcriber import resolve_transcriber
+
+        transcriber = resolve_transcriber(args.transcriber)
     export_model(ckpt, args.out, precision=args.precision, backend=args.backend,
                  batch=args.batch, kv_dtype=args.kv_dtype, engine_builder=builder,
-                 verify=args.verify, depformer_precision=args.depformer_precision)
+                 verify=args.verify, depformer_precision=args.depformer_precision,
+                 transcriber=transcriber, transcriber_precision=args.transcriber_precision)
     print(f"done in {time.perf_counter() - t0:.1f} s")
     if args.push_to_hub:
         from .publish import push_model
 
         print(f"published: {push_model(args.out, args.push_to_hub, args.private)}")
+    return 0
+
+
+def _export_transcriber(args) -> int:
+    """`export --transcriber STT --out DIR` without --checkpoint: the transcriber added to the
+    model already exported at DIR (export/transcriber_export.py)."""
+    if not args.transcriber:
+        raise PersonaPlexError("export needs --checkpoint (or --transcriber STT_CHECKPOINT "
+                               "alone, to add a transcriber to the model at --out)")
+    if not (Path(args.out) / "manifest.json").is_file():
+        raise PersonaPlexError(f"--out {args.out} is not an exported model: give --checkpoint "
+                               "to export one with the transcriber, or --out an exported model")
+    from .export.transcriber import resolve_transcriber
+    from .export.transcriber_export import add_transcriber
+
+    t0 = time.perf_counter()
+    add_transcriber(args.out, resolve_transcriber(args.transcriber),
+                    precision=args.transcriber_precision, verify=args.verify)
+    print(f"done in {time.perf_counter() - t0:.1f} s")
     return 0
 
 
@@ -133,7 +161,8 @@ def cmd_verify(args) -> int:
     if args.checkpoint:
         from .export.check_export import against_checkpoint
 
-        report.findings += against_checkpoint(model_dir, manifest, args.checkpoint, _note)
+        report.findings += against_checkpoint(model_dir, manifest, args.checkpoint, _note,
+                                              transcriber=args.transcriber)
     for finding in report.findings:
         print(finding.line())
     if args.json:
@@ -264,31 +293,44 @@ def cmd_run(args) -> int:
 
     says = [(at or 0.0, check_say_text(text, "--say")) for text, at in args.says or []]
     model, conv = _conversation(args)
+    if args.user_text_out and not conv.transcribing:
+        raise PersonaPlexError(f"--user-text-out: {model.model_dir} has no transcriber; add one "
+                               "with personaplex-edge export --transcriber "
+                               f"kyutai/stt-1b-en_fr-candle --out {model.model_dir}")
     if args.realtime:
         from .runtime.audio_io.paced_file import run_paced
         from .runtime.say import SayPlan
 
         transcript = Transcript(model.text, records=bool(args.text_out))
+        heard = Transcript(model.loaded.heard_text, records=True) if conv.transcribing else None
         plan = SayPlan(says, model.sample_rate / model.frame_size)
 
         def step(frame):
             plan.say_due(conv.position - conv.prompt_frames, conv.say)
             audio, token = conv.core.step(frame)
             transcript.add(token)
+            if heard is not None:
+                heard.add(conv.core.heard_token)
             return audio
 
         out, loop = run_paced(step, pcm, frame_size=model.frame_size,
                               max_backlog_frames=args.max_backlog_frames, on_tick=_LiveStatus())
         text, records = transcript.text, transcript.records
+        user_text, user_records = (heard.text, heard.records) if heard else ("", [])
     else:
         response = conv.respond(pcm, say=says)
         out, text, records = response.pcm, response.text, response.records
+        user_text, user_records = response.heard, response.heard_records
     write_audio(args.output, out[:pcm.shape[0]])
     if args.text_out:
         write_records(args.text_out, records)
+    if args.user_text_out:
+        write_records(args.user_text_out, user_records)
     if args.realtime:
         _live_summary(loop, conv)  # first: it ends the status line the transcript would join
     print(text or "(no text)")
+    if conv.transcribing:
+        print(f"heard: {user_text or '(nothing)'}")
     if says:
         conv.cancel_say()  # the input is over: what was not reached is reported as such
         print(said_line(conv.say_events(), conv.prompt_frames), file=sys.stderr)
@@ -300,6 +342,11 @@ def cmd_run(args) -> int:
 def cmd_mic(args) -> int:
     """Full duplex on the sound devices until Ctrl-C (or --duration seconds)."""
     model, conv = _conversation(args, progress=_note)
+    if conv.transcribing:  # what the user said, turn by turn (docs/heard.md)
+        def heard(event):
+            if event.kind == "turn":
+                print(f"\n[heard: {event.text}]", flush=True)
+        conv.on_heard = heard
     print("listening; Ctrl-C to stop", file=sys.stderr)
     loop = conv.live(on_text=lambda piece: print(piece, end="", flush=True),
                      input_device=args.input_device, output_device=args.output_device,
@@ -528,8 +575,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     e = sub.add_parser("export", help="checkpoint (directory or hub repo) -> model directory")
-    e.add_argument("--checkpoint", required=True,
-                   help="checkpoint directory or Hugging Face repo, e.g. nvidia/personaplex-7b-v1")
+    e.add_argument("--checkpoint",
+                   help="checkpoint directory or Hugging Face repo, e.g. nvidia/personaplex-7b-v1 "
+                        "(leave it out with --transcriber to add one to the model at --out)")
+    e.add_argument("--transcriber", metavar="STT_CHECKPOINT",
+                   help="also hear the user: a Kyutai STT checkpoint (directory or hub repo, e.g. "
+                        "kyutai/stt-1b-en_fr-candle) whose step runs beside the model's on the "
+                        "same Mimi codes (docs/heard.md)")
+    e.add_argument("--transcriber-precision", choices=PRECISION_CHOICES,
+                   help="the transcriber's precision (default: --precision, or the model's)")
     e.add_argument("--out", required=True, help="model directory to write")
     e.add_argument("--precision", default="fp32", choices=PRECISION_CHOICES,
                    help="weights of the language model (the codec stays fp32); int8/int4 are "
@@ -579,6 +633,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--checkpoint", help="the checkpoint it was exported from (directory or hub "
                                         "repo): run each graph beside its torch module as the "
                                         "export checks it (needs the export extra)")
+    f.add_argument("--transcriber", metavar="STT_CHECKPOINT",
+                   help="with --checkpoint: the Kyutai STT checkpoint the transcriber came from, "
+                        "to check its step against torch too")
     f.add_argument("--json", help="write every finding here")
     f.set_defaults(func=cmd_verify)
 
@@ -595,6 +652,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--input", required=True, help="what the user says (audio file)")
     r.add_argument("--output", required=True, help="the model's answer (24 kHz wav, same length)")
     r.add_argument("--text-out", help="per-frame text as JSON (piece, \"PAD\" or \"EPAD\")")
+    r.add_argument("--user-text-out", metavar="FILE",
+                   help="what the user said, per input frame as JSON, heard by the model's "
+                   "transcriber (export --transcriber); like --text-out")
     r.add_argument("--say", action=SayAction, dest="says", metavar="TEXT",
                    help="words the model says, in its voice, through its text stream (may be "
                         "repeated; docs/say.md)")

@@ -16,6 +16,7 @@ MIMI_ENCODER = "mimi_encoder"
 MIMI_DECODER = "mimi_decoder"
 HELIUM_STEP = "helium_step"
 DEPFORMER_STEP = "depformer_step"
+TRANSCRIBER_STEP = "transcriber_step"  # Kyutai's STT step, beside the LM (transcriber.py)
 CODEC_GRAPHS = (MIMI_ENCODER, MIMI_DECODER)  # always float32
 LM_GRAPHS = (HELIUM_STEP, DEPFORMER_STEP)
 
@@ -37,6 +38,9 @@ AUDIO_NOISE = "audio_noise"  # [B, codebooks, K_max] float32
 AUDIO_TEMPERATURE = "audio_temperature"  # [B] float32
 AUDIO_TOP_K = "audio_top_k"  # [B] int64
 AUDIO_TOKENS = "audio_tokens"  # [B, codebooks] int64
+# transcriber: tokens [B, 1, 1 + n_q] (its last text token, the user's n_q codes), position,
+# its KV ring -> text_token [B] (greedy) and, with VAD heads, their probabilities
+VAD = "vad"  # [B, heads, classes] float32: each head's softmax (class 0: no voice ahead)
 
 FRAMES_AXIS = "frames"  # the name of Helium's dynamic frames axis in the graph
 

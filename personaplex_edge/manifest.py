@@ -27,6 +27,7 @@ from .config import PersonaPlexConfig
 from .contract import (CODEC_GRAPHS, KV_INPUT_PREFIX, KV_OUTPUT_PREFIX, MIMI_ENCODER,
                        POSITION, state_input, state_output)
 from .errors import ConfigError, ModelDirError
+from .transcriber import TranscriberConfig
 from .user_cache import user_cache_dir
 
 FORMAT = "personaplex-edge-model"
@@ -38,7 +39,9 @@ MANIFEST = "manifest.json"
 
 _CAPABILITIES = {"lm": "language model a conversation needs (export from a checkpoint with "
                        "model.safetensors, without --codec-only)",
-                 "codec": "Mimi codec"}
+                 "codec": "Mimi codec",
+                 "transcriber": "transcriber (export --transcriber kyutai/stt-1b-en_fr-candle "
+                                "--out DIR adds one)"}
 
 
 @dataclass(frozen=True)
@@ -202,6 +205,10 @@ class Manifest:
     files: dict[str, str] = field(default_factory=dict)  # other files (tokenizer, voices) -> sha256
     package_version: str = __version__
     source_revision: str | None = None  # the hub commit of `source`, when it came from the hub
+    # the Mimi weights' file the codec graphs were exported from (sha256): a transcriber may
+    # share the encode only with the same codec
+    codec_sha256: str | None = None
+    transcriber: TranscriberConfig | None = None  # Kyutai's STT beside the LM (transcriber.py)
 
     @property
     def batch(self) -> int:
@@ -216,7 +223,9 @@ class Manifest:
                 "contents": list(self.contents), "precision": self.precision,
                 "backend": self.backend, "tokenizer": self.tokenizer, "voices": self.voices,
                 "files": dict(self.files), "config": self.config.to_dict(),
-                "graphs": {k: g.to_dict() for k, g in self.graphs.items()}}
+                "graphs": {k: g.to_dict() for k, g in self.graphs.items()},
+                "codec_sha256": self.codec_sha256,
+                "transcriber": None if self.transcriber is None else self.transcriber.to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str) -> "Manifest":
@@ -240,7 +249,10 @@ class Manifest:
                        voices=d.get("voices"), source=d.get("source", ""),
                        files=dict(d.get("files", {})),
                        package_version=d.get("package_version", "?"),
-                       source_revision=d.get("source_revision"))
+                       source_revision=d.get("source_revision"),
+                       codec_sha256=d.get("codec_sha256"),
+                       transcriber=None if d.get("transcriber") is None else
+                       TranscriberConfig.from_dict(d["transcriber"], f"{where} transcriber"))
         except (KeyError, TypeError, ValueError, ConfigError) as e:
             raise ModelDirError(f"{where} is malformed ({e}); re-export the model") from e
 

@@ -37,6 +37,7 @@ from .persona import DEFAULT_TEXT_PROMPT, Persona
 from .persona_cache import PersonaCache
 from .response import Response, ResponseBuilder
 from .sampling import SamplingParams
+from .heard import Heard
 from .say import SayEvent, SayPlan, Utterance
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
     from .metrics import FrameMetrics
     from .text import TextTokenizer
 
-__all__ = ["Conversation", "Model", "Response", "SayEvent", "Utterance", "load"]
+__all__ = ["Conversation", "Heard", "Model", "Response", "SayEvent", "Utterance", "load"]
 
 Progress = Callable[[str], None]
 _SAMPLING = SamplingParams()  # the reference's defaults
@@ -275,13 +276,18 @@ class Conversation:
         writes for it: the input's length, time-aligned with it, and one text record per
         frame. say: (seconds, text) pairs, each text said from the step at that time into the
         recording (`run --say TEXT --say-at SECONDS`); times past its end are not reached."""
-        built = ResponseBuilder(self._signal(pcm, sample_rate), self.frame_size, self.model.text)
+        built = ResponseBuilder(self._signal(pcm, sample_rate), self.frame_size, self.model.text,
+                                heard_text=self.model.loaded.heard_text)
         plan = SayPlan(say, self.sample_rate / self.frame_size)
+        kept = self.core.on_heard
         for i in range(built.frames):
             plan.say_due(i, self.say)
             answer, token = self.core.step(self._frame(built.frame(i)))
             if piece := built.add(i, answer, token):
                 self._pieces.append(piece)
+            if self.core.transcribing:
+                events = [] if kept is not None else self.core.heard_events()
+                built.hear(self.core.heard_token, events)
         return built.response()
 
     # -- words the app decides ------------------------------------------------------------------
@@ -324,6 +330,39 @@ class Conversation:
     def saying(self) -> bool:
         """Whether queued words steer the model's text now."""
         return self.core.saying
+
+    # -- what the user says (a model exported with --transcriber) ---------------------------------
+    @property
+    def transcribing(self) -> bool:
+        """Whether the model hears the user's words (its export added a transcriber)."""
+        return self.core.transcribing
+
+    def heard_events(self) -> list[Heard]:
+        """What the user said since the last call: "piece" (a piece as it is written, for
+        live captions), "word" (a finished word with its start and end in seconds), "turn"
+        (the user's turn is over: its text). Each carries its turn's number (`item`). The
+        words run about half a second behind the audio (docs/heard.md).
+
+            >>> for e in conv.heard_events():
+            ...     if e.kind == "turn": print("user:", e.text)
+        """
+        return self.core.heard_events()
+
+    def end_turn(self) -> None:
+        """Tells the conversation the user's turn is over (your own voice detector, a
+        push-to-talk button): the "turn" event follows once the last words are written
+        (about half a second). Without VAD heads this is how turns end early."""
+        self.core.end_turn()
+
+    @property
+    def on_heard(self) -> Callable[[Heard], None] | None:
+        """A callback for each event of `heard_events()` instead: it runs on the thread that
+        steps, right after the step that made it (keep it short)."""
+        return self.core.on_heard
+
+    @on_heard.setter
+    def on_heard(self, callback: Callable[[Heard], None] | None) -> None:
+        self.core.on_heard = callback
 
     # -- the sound devices ------------------------------------------------------------------------
     def live(self, on_text: Callable[[str], None] | None = None,

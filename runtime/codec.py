@@ -55,7 +55,8 @@ class Codec:
             raise AudioError(f"a frame is {self.frame_size} samples at {self.sample_rate} Hz, "
                              f"got {pcm.size}")
         self._pcm_in[0, 0] = pcm.reshape(-1)
-        return self.encoder.run()[CODES][0]
+        # a model with a transcriber encodes its codebooks too: the first n are the codec's
+        return self.encoder.run()[CODES][0, :self.num_codebooks]
 
     def decode_frame(self, codes: np.ndarray) -> np.ndarray:
         """codes [n] int64 -> pcm [frame] float32 (a view, valid until the next call)."""

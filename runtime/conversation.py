@@ -3,8 +3,9 @@
 agent's frame n is heard right after step n + 1; the first step answers silence).
 
 A conversation owns a row of a lockstep batch - Mimi state, KV rings, token ring, sampling noise
-and parameters, the queue of words it is to say (runtime/say.py) - plus its metrics, persona and
-word events; the model's graphs, tokenizer and voice bank it only reads. `close()` gives its row
+and parameters, the queue of words it is to say (runtime/say.py), the transcriber's state where
+the model has one - plus its metrics, persona, word events and what it heard the user say
+(runtime/heard.py); the model's graphs, tokenizer and voice bank it only reads. `close()` gives its row
 back. This is the token-level conversation the front ends step (`step_many` batches many in one
 tick); an app holds runtime/api.py's, which speaks text.
 """
@@ -25,6 +26,7 @@ from .metrics import FrameMetrics
 from .persona import Persona, build_persona, persona_key
 from .persona_cache import PersonaCache, Snapshot
 from .sampling import SamplingParams
+from .heard import Heard
 from .say import SayEvent, Utterance, check_say_text, script_words
 
 MAX_KEPT_EVENTS = 4096  # word events kept for say_events() when nobody collects them
@@ -48,6 +50,11 @@ class Conversation:
         self.on_say: Callable[[SayEvent], None] | None = None
         self._said: deque[SayEvent] = deque(maxlen=MAX_KEPT_EVENTS)
         self._utterances = itertools.count(1)
+        # what the user said (a model with a transcriber): events handed to on_heard like
+        # on_say's, else kept for heard_events(); the transcriber's token of the last frame
+        self.on_heard: Callable[[Heard], None] | None = None
+        self._heard: deque[Heard] = deque(maxlen=MAX_KEPT_EVENTS)
+        self.heard_token: int | None = None
         self.group, self.row = pool.take(self, sampling)
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -173,11 +180,49 @@ class Conversation:
         events = self.group.said(self.row)
         if events:
             self._said.extend(events)
+        transcriber = self.group.transcriber
+        if transcriber is not None:
+            self.heard_token = transcriber.token[self.row]
+            heard = transcriber.take_events(self.row)
+            if heard:
+                self._heard.extend(heard)
 
     def _hand_over(self) -> None:
-        """The kept events to on_say, if set (outside the group's lock: it may say again)."""
+        """The kept events to on_say and on_heard, if set (outside the group's lock: they may
+        say again)."""
         while self.on_say is not None and self._said:
             self.on_say(self._said.popleft())
+        while self.on_heard is not None and self._heard:
+            self.on_heard(self._heard.popleft())
+
+    # -- what the user said ---------------------------------------------------------------------
+    @property
+    def transcribing(self) -> bool:
+        """Whether the model has a transcriber: the user's words are heard."""
+        return self.group.transcriber is not None
+
+    def end_turn(self) -> None:
+        """The user's turn is over (the app's own voice detector, a push-to-talk button): its
+        "turn" event comes once the transcriber has written its last words (heard.py)."""
+        self.check_open()
+        with self.group.lock:
+            if self.group.transcriber is not None:
+                self.group.transcriber.streams[self.row].close_turn()
+
+    def heard_events(self) -> list[Heard]:
+        """What the user said since the last call (when no on_heard takes it): pieces, timed
+        words, turn ends (runtime/heard.py)."""
+        events = []
+        while self._heard:
+            events.append(self._heard.popleft())
+        return events
+
+    @property
+    def heard_vad(self):
+        """[heads, classes]: the VAD heads' softmax of the last frame, class 0 the probability
+        of no voice within 0.5 / 1 / 2 / 3 s (None without a transcriber with VAD heads)."""
+        t = self.group.transcriber
+        return None if t is None else t.vad[self.row]
 
     # -- the frame ------------------------------------------------------------------------------
     def step(self, pcm: np.ndarray) -> tuple[np.ndarray, int | None]:

@@ -18,6 +18,8 @@ Per tick (rows stepped: A):
                 (runtime/say.py); skipped while no row of the batch has any
     depformer   hidden + text token -> the agent's 8 codes (on the device, for TensorRT)
     decode      Mimi decoder on the rows whose agent frame is complete -> 1920 samples
+    transcribe  with a transcriber: its step on the same encode's codes (all n_q of them;
+                PersonaPlex reads the first 8) -> what the user said (runtime/transcriber.py)
 
 A `LockstepPool` holds a model's batches: a conversation takes a free row of one (a batch-1
 model opens one batch per conversation; a batch-B model fills B rows of a batch before it
@@ -38,7 +40,8 @@ from personaplex_edge.contract import (AUDIO_NOISE, AUDIO_TEMPERATURE, AUDIO_TOP
                                        MIMI_DECODER, MIMI_ENCODER, PCM, POSITION, TEXT_NOISE,
                                        TEXT_TEMPERATURE, TEXT_TOP_K, TOKENS)
 from personaplex_edge.errors import PersonaPlexError
-from personaplex_edge.streams import AGENT_FIRST, TEXT_STREAM, USER_FIRST, TokenRing
+from personaplex_edge.streams import (AGENT_FIRST, CODEBOOKS_PER_SPEAKER, TEXT_STREAM,
+                                      USER_FIRST, TokenRing)
 
 from .backends import FramedGraph
 from .lm_frame import lm_frame
@@ -83,6 +86,11 @@ class Lockstep:
         self.metrics = FrameMetrics()  # per tick
         self.lock = threading.RLock()  # one tick (or prefill) at a time on these buffers
         self._silence = np.zeros(model.frame_size, np.float32)
+        self.transcriber = None  # the user's words, where the model has a transcriber
+        if model.transcriber is not None:
+            from .transcriber import TranscriberRows
+
+            self.transcriber = TranscriberRows(model)
 
     # -- rows ---------------------------------------------------------------------------------
     def free_row(self) -> int | None:
@@ -120,6 +128,8 @@ class Lockstep:
         self.rings[row].reset()
         self.last_frames[row] = None
         self._set_extra(row, None)
+        if self.transcriber is not None:
+            self.transcriber.reset(row)
 
     def set_sampling(self, row: int, sampling: SamplingParams) -> None:
         sampling.check(self._h[TEXT_NOISE].shape[-1], self._d[AUDIO_NOISE].shape[-1])
@@ -252,7 +262,7 @@ class Lockstep:
         for b in rows:
             ring = self.rings[b]
             self.noise[b].fill()
-            ring.write_user(codes[b])
+            ring.write_user(codes[b, :CODEBOOKS_PER_SPEAKER])
             ring.step_input(out=tokens[b])
             positions[b] = ring.position
             self._set_extra(b, None)
@@ -275,6 +285,9 @@ class Lockstep:
         m.mark("host")
         pcm_out = self.decoder.run(out_rows)[PCM] if out_rows else None  # [B, 1, frame]
         m.mark("decode")
+        if self.transcriber is not None:
+            self.transcriber.step(rows, codes)  # the encode's codes, still as it left them
+            m.mark("transcribe")
         m.end_frame()
         return {b: (self._silence if emitted[b] is None else pcm_out[b, 0], emitted[b])
                 for b in rows}
@@ -282,6 +295,8 @@ class Lockstep:
     def close(self) -> None:
         for g in (self.encoder, self.decoder, self.lm):
             g.close()
+        if self.transcriber is not None:
+            self.transcriber.close()
 
 
 class LockstepPool:

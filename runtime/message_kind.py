@@ -17,3 +17,5 @@ class Kind(enum.IntEnum):
     COLORED_TEXT = 0x07  # moshi's server to its client only
     SAY = 0x08  # this project's: JSON, words for the model to say in, their events out
     # (say_message.py; not part of moshi's protocol, so only a client that sends one gets one)
+    HEARD = 0x09  # this project's: JSON, what the user said, to a client that asks for it
+    # (heard_message.py; a model exported with a transcriber)

@@ -12,10 +12,10 @@ import time
 
 import numpy as np
 
-STAGES = ("aec", "encode", "temporal", "depformer", "decode", "host")
-# stages only some front ends run (the echo canceller: --mic): left out of a summary that
-# never recorded them
-OPTIONAL_STAGES = ("aec",)
+STAGES = ("aec", "encode", "temporal", "depformer", "decode", "transcribe", "host")
+# stages only some front ends or models run (the echo canceller: --mic; the transcriber's
+# step: a model exported with one): left out of a summary that never recorded them
+OPTIONAL_STAGES = ("aec", "transcribe")
 FRAME_BUDGET_MS = 80.0
 
 

@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from personaplex_edge.contract import (DEPFORMER_STEP, HELIUM_STEP, MIMI_DECODER, MIMI_ENCODER,
-                                       TOKENS)
+                                       TOKENS, TRANSCRIBER_STEP)
 from personaplex_edge.errors import ModelDirError, PersonaPlexError
 from personaplex_edge.manifest import Manifest, load_model_dir, manifest_sha256
 from personaplex_edge.streams import initial_tokens
@@ -40,9 +40,14 @@ class LoadedModel:
         if len(tokens.shape) not in (2, 3):
             raise PersonaPlexError(f"{model_dir}: helium_step takes tokens {list(tokens.shape)}, "
                                    "which this runtime does not run; export the model again")
-        self.graphs = load_graphs(model_dir, manifest, GRAPHS, device, threads, progress)
+        # Kyutai's STT beside the LM, where the export added one (runtime/transcriber.py)
+        self.transcriber = manifest.transcriber
+        graphs = GRAPHS + ((TRANSCRIBER_STEP,) if self.transcriber is not None else ())
+        self.graphs = load_graphs(model_dir, manifest, graphs, device, threads, progress)
         self.runs_on = sorted({g.runs_on for g in self.graphs.values()})
         self._text = TextTokenizer(model_dir, manifest) if manifest.tokenizer else None
+        self.heard_text = None if self.transcriber is None else TextTokenizer(
+            model_dir, manifest, self.transcriber.tokenizer)
         mimi = self.config.mimi_config
         self.frame_size, self.sample_rate = mimi.samples_per_frame, mimi.sample_rate
         self.context = self.config.temporal_config.max_position_embeddings

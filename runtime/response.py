@@ -11,6 +11,7 @@ import numpy as np
 
 from personaplex_edge.streams import AGENT_FIRST, TEXT_STREAM, USER_FIRST
 
+from .heard import Heard
 from .pcm_frames import frame_at, frame_count
 from .text import TextTokenizer
 
@@ -23,6 +24,11 @@ class Response:
     pcm: np.ndarray  # [T] float32 at 24 kHz: the input's length, time-aligned with it
     text: str  # what the model said
     records: list[str] = field(default_factory=list)  # per frame: the piece, "PAD" or "EPAD"
+    # what the user said, heard by the model's transcriber (empty without one): the text, the
+    # transcriber's record per frame (as `records`; `run --user-text-out`), its words and turns
+    heard: str = ""
+    heard_records: list[str] = field(default_factory=list)
+    heard_words: list[Heard] = field(default_factory=list)
 
 
 class ResponseBuilder:
@@ -33,7 +39,7 @@ class ResponseBuilder:
     --codes)."""
 
     def __init__(self, signal: np.ndarray, frame_size: int, text: TextTokenizer,
-                 keep_codes: bool = False):
+                 keep_codes: bool = False, heard_text: TextTokenizer | None = None):
         self.samples = signal.shape[0]
         self.frame_size = frame_size
         self.frames = frame_count(self.samples, frame_size)
@@ -43,6 +49,10 @@ class ResponseBuilder:
         self.records: list[str] = []
         self.pieces: list[str] = []
         self._emitted: list[np.ndarray] | None = [] if keep_codes else None  # [9] each
+        self._heard_text = heard_text  # the transcriber's tokenizer (None: no transcriber)
+        self.heard_records: list[str] = []
+        self.heard_pieces: list[str] = []
+        self.heard_events: list[Heard] = []  # its words
 
     def frame(self, i: int) -> np.ndarray:
         return frame_at(self._input, i, self.frame_size)
@@ -60,9 +70,17 @@ class ResponseBuilder:
             self._emitted.append(emitted.copy())
         return piece
 
+    def hear(self, token: int | None, events: list[Heard]) -> None:
+        """Step i's transcriber token and the events it completed (words, turns)."""
+        if self._heard_text is not None:
+            self.heard_records.append(self._heard_text.record(token))
+            self.heard_pieces.append(self._heard_text.piece(token))
+            self.heard_events += [e for e in events if e.kind == "word"]
+
     def response(self) -> Response:
         return Response(self._output[:self.samples].copy(), "".join(self.pieces).strip(),
-                        self.records)
+                        self.records, "".join(self.heard_pieces).strip(), self.heard_records,
+                        self.heard_events)
 
     def codes(self) -> tuple[np.ndarray, np.ndarray]:
         """The emitted frames' agent codes [E, 8] and text tokens [E]."""

@@ -15,6 +15,10 @@ the kind byte and the payload), with the kinds of the WebSocket protocol (messag
     out  0x08 SAY         JSON: "queued" at once, then each word's "started", "done" or
                           "cancelled" after the answer of the frame that made it
                           (say_message.py; docs/say.md)
+    in   0x09 HEARD       JSON {"hear": true}: what the user says, from now on (a model
+                          exported with a transcriber; without one: ERROR, exit 2)
+    out  0x09 HEARD       JSON: each "piece", "word" and "turn" heard, after the answer of the
+                          frame that made it (heard_message.py; docs/heard.md)
 
     stdin:  AUDIO AUDIO ... EOF                 stdout:  HANDSHAKE AUDIO [TEXT] AUDIO ... (exit 0)
 
@@ -41,11 +45,13 @@ from personaplex_edge.errors import PersonaPlexError
 from .frame_backlog import FrameBacklog
 from .message_kind import Kind
 from .pcm_frames import PcmFrames
+from .heard_message import event_payload as heard_payload
+from .heard_message import no_transcriber, parse_request
 from .say_message import event_payload, parse_command, queued_payload
 
 MAX_MESSAGE_BYTES = 1 << 20  # kind byte + payload; 1 MiB of PCM16 is ~22 s of audio
 _HEADER = struct.Struct("<I")
-ACCEPTED = frozenset({Kind.AUDIO, Kind.PING, Kind.SAY})
+ACCEPTED = frozenset({Kind.AUDIO, Kind.PING, Kind.SAY, Kind.HEARD})
 
 
 class StdioProtocolError(PersonaPlexError):
@@ -76,7 +82,8 @@ def read_message(stream: BinaryIO) -> tuple[Kind, bytes] | None:
         raise StdioProtocolError(f"unknown message kind 0x{body[0]:02x}") from None
     if kind not in ACCEPTED:
         raise StdioProtocolError(f"message kind 0x{kind:02x} ({kind.name}) is not accepted on "
-                                 "stdin; send AUDIO (0x01), PING (0x06) or SAY (0x08)")
+                                 "stdin; send AUDIO (0x01), PING (0x06), SAY (0x08) or HEARD "
+                                 "(0x09)")
     return kind, body[1:]
 
 
@@ -98,8 +105,8 @@ def write_message(stream: BinaryIO, kind: Kind, payload: bytes = b"") -> None:
 Handler = Callable[[bytes], None]
 
 
-def _frames_lossless(stdin: BinaryIO, framer: PcmFrames, pong: Handler, say: Handler
-                     ) -> Iterator:
+def _frames_lossless(stdin: BinaryIO, framer: PcmFrames, pong: Handler, say: Handler,
+                     hear: Handler = lambda payload: None) -> Iterator:
     """Frames in the order stdin brings them, read only when the last ones are answered."""
     while (message := read_message(stdin)) is not None:
         kind, payload = message
@@ -107,6 +114,8 @@ def _frames_lossless(stdin: BinaryIO, framer: PcmFrames, pong: Handler, say: Han
             pong(payload)
         elif kind == Kind.SAY:
             say(payload)
+        elif kind == Kind.HEARD:
+            hear(payload)
         else:
             yield from framer.feed(payload)[0]
     last = framer.flush()
@@ -119,10 +128,11 @@ class _LiveReader:
     `max_backlog` frames); frames() gives them to the conversation as they are ready."""
 
     def __init__(self, stdin: BinaryIO, framer: PcmFrames, max_backlog: int, pong: Handler,
-                 say: Handler):
+                 say: Handler, hear: Handler):
         self._ready = threading.Condition()
         self.backlog = FrameBacklog(max_backlog, self._notify)
         self._stdin, self._framer, self._pong, self._say = stdin, framer, pong, say
+        self._hear = hear
         self._done = False
         self.error: BaseException | None = None
         threading.Thread(target=self._read, name="personaplex-stdio-reader", daemon=True).start()
@@ -133,7 +143,8 @@ class _LiveReader:
 
     def _read(self) -> None:
         try:
-            for frame in _frames_lossless(self._stdin, self._framer, self._pong, self._say):
+            for frame in _frames_lossless(self._stdin, self._framer, self._pong, self._say,
+                                          self._hear):
                 self.backlog.push(frame)
         except BaseException as e:  # noqa: BLE001 - handed to the conversation's thread
             self.error = e
@@ -175,18 +186,29 @@ def run_stdio(conv, stdin: BinaryIO, stdout: BinaryIO, max_backlog_frames: int |
         else:
             send(Kind.SAY, queued_payload(conv.say(command.text)))
 
+    hearing = threading.Event()  # the client asked for HEARD messages
+
+    def hear(payload: bytes) -> None:
+        if parse_request(payload) and not conv.transcribing:
+            raise no_transcriber(conv.model.model_dir)
+        (hearing.set if parse_request(payload) else hearing.clear)()
+
     def word_events() -> None:  # under the lock
         for event in conv.say_events():
             write_message(stdout, Kind.SAY, event_payload(event, conv.prompt_frames))
+        if conv.transcribing:
+            for heard in conv.heard_events():  # taken either way: only what follows a request
+                if hearing.is_set():
+                    write_message(stdout, Kind.HEARD, heard_payload(heard))
 
     framer = PcmFrames(conv.frame_size)
     pong = lambda payload: send(Kind.PING, payload)  # noqa: E731
     send(Kind.HANDSHAKE)
     reader = None
     if max_backlog_frames is None:
-        frames = _frames_lossless(stdin, framer, pong, say)
+        frames = _frames_lossless(stdin, framer, pong, say, hear)
     else:
-        reader = _LiveReader(stdin, framer, max_backlog_frames, pong, say)
+        reader = _LiveReader(stdin, framer, max_backlog_frames, pong, say, hear)
         frames = reader.frames()
     answered = 0
     for pcm_out, text in conv.stream(frames):

@@ -16,13 +16,15 @@ _WORD_START = "\u2581"  # SentencePiece's marker of a piece that starts a word
 
 
 class TextTokenizer:
-    def __init__(self, model_dir: str | Path, manifest: Manifest):
+    def __init__(self, model_dir: str | Path, manifest: Manifest, file: str | None = None):
+        """The model's tokenizer, or the one `file` names (the transcriber's)."""
         import sentencepiece as spm
 
-        if manifest.tokenizer is None:
+        file = file or manifest.tokenizer
+        if file is None:
             raise ModelDirError(f"{model_dir} has no text tokenizer (re-export from a checkpoint "
                                 "with tokenizer_spm_32k_3.model)")
-        self.sp = spm.SentencePieceProcessor(model_file=str(Path(model_dir) / manifest.tokenizer))
+        self.sp = spm.SentencePieceProcessor(model_file=str(Path(model_dir) / file))
         self.size = self.sp.get_piece_size()
 
     def encode(self, text: str) -> list[int]:

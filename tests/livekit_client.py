@@ -6,10 +6,11 @@ the session emits collected: each generation's audio frames and text, the errors
 server events it received. Run by tests/test_serve_livekit.py with the python of a venv that
 holds livekit-agents (not this project's):
 
-    python tests/livekit_client.py http://127.0.0.1:PORT/v1 speech.pcm SECONDS [VOICE|-]
+    python tests/livekit_client.py http://127.0.0.1:PORT/v1 speech.pcm SECONDS [VOICE|-] [deaf]
 
-VOICE `-` leaves the model at LiveKit's defaults (its voice, its server turn detection); a
-voice name sets it with turn_detection=None. It prints one JSON line.
+VOICE `-` leaves the model at LiveKit's defaults (its voice, its server turn detection, the
+user's transcription asked for); a voice name sets it with turn_detection=None. `deaf` asks for
+no transcription. It prints one JSON line, the user's transcripts the session emitted in it.
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ FRAME_SAMPLES = RATE // 50  # 20 ms, as a LiveKit room track delivers them
 INSTRUCTIONS = "You enjoy having a good conversation."
 
 
-async def main(base_url: str, speech: bytes, seconds: float, voice: str) -> dict:
+async def main(base_url: str, speech: bytes, seconds: float, voice: str,
+               deaf: bool = False) -> dict:
     seen = {"generations": 0, "audio_frames": 0, "audio_samples": 0, "rates": [], "text": "",
-            "errors": [], "server_events": [], "sessions": [], "server_errors": []}
+            "errors": [], "server_events": [], "sessions": [], "server_errors": [],
+            "heard": []}
     readers: list[asyncio.Task] = []
 
     async def read_message(message) -> None:
@@ -65,12 +68,16 @@ async def main(base_url: str, speech: bytes, seconds: float, voice: str) -> dict
 
     async with aiohttp.ClientSession() as http:
         options = {} if voice == "-" else {"voice": voice, "turn_detection": None}
+        if deaf:
+            options["input_audio_transcription"] = None
         model = openai.realtime.RealtimeModel(base_url=base_url, api_key="local",
                                               model="personaplex", http_session=http,
                                               **options)
         session = model.session()
         session.on("generation_created", on_generation)
         session.on("error", lambda e: seen["errors"].append(repr(e.error)))
+        session.on("input_audio_transcription_completed", lambda e: seen["heard"].append(
+            {"item": e.item_id, "transcript": e.transcript, "final": e.is_final}))
         session.on("openai_server_event_received", on_server_event)
         await session.update_instructions(INSTRUCTIONS)
 
@@ -91,5 +98,6 @@ async def main(base_url: str, speech: bytes, seconds: float, voice: str) -> dict
 if __name__ == "__main__":
     url, path, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
     voice = sys.argv[4] if len(sys.argv) > 4 else "-"
+    deaf = len(sys.argv) > 5 and sys.argv[5] == "deaf"
     with open(path, "rb") as f:
-        print(json.dumps(asyncio.run(main(url, f.read(), seconds, voice))))
+        print(json.dumps(asyncio.run(main(url, f.read(), seconds, voice, deaf))))

@@ -55,17 +55,23 @@ def reference_lm(cfg: PersonaPlexConfig, seed: int = 0):
 
     torch.manual_seed(seed)
     model = LMModel(**moshi_lm_kwargs(cfg), device="cpu", dtype=torch.float32)
-    gen = torch.Generator().manual_seed(seed + 1)
-    for name, p in model.named_parameters():
-        if name.endswith(".alpha"):
-            p.copy_(torch.rand(p.shape, generator=gen) + 0.5)
-        p.copy_(p.to(torch.bfloat16).float())
+    randomise(model, torch.Generator().manual_seed(seed + 1))
     # moshi's sizing rule must land on the config's MLP widths
     assert model.transformer.layers[0].gating.linear_out.in_features == \
         cfg.temporal_config.intermediate_size
     assert model.depformer.layers[0].gating[0].linear_out.in_features == \
         cfg.depformer_config.intermediate_size
     return model.eval()
+
+
+@torch.no_grad()
+def randomise(model, gen: torch.Generator) -> None:
+    """Norm gains in [0.5, 1.5) (moshi leaves them at 1, which would hide a wrong norm), and
+    every weight rounded through bf16, so the bf16 file and the float32 model agree."""
+    for name, p in model.named_parameters():
+        if name.endswith(".alpha"):
+            p.copy_(torch.rand(p.shape, generator=gen) + 0.5)
+        p.copy_(p.to(torch.bfloat16).float())
 
 
 def published_state(model) -> dict[str, torch.Tensor]:

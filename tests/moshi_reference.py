@@ -65,21 +65,35 @@ def reference_mimi(cfg: PersonaPlexMimiConfig, seed: int = 0):
                 buf.copy_(torch.rand(buf.shape, generator=gen) * 1.5 + 0.5)
             elif name.endswith("_initialized"):
                 buf.fill_(1.0)
-        # Centroids drawn around the latents they quantize, level by level (like a k-means
-        # initialisation), so that every codebook's codes spread out.
-        probe = torch.randn(1, 1, 48 * cfg.samples_per_frame, generator=gen)
-        probe *= torch.linspace(0.02, 0.6, probe.shape[-1])
-        latent = model._encode_to_unquantized_latent(probe)
-        for rvq in (model.quantizer.rvq_first, model.quantizer.rvq_rest):
-            residual = rvq.input_proj(latent).transpose(1, 2).reshape(-1, rvq.dimension)
-            for layer in rvq.vq.layers:
-                book = layer._codebook
-                mean, std = residual.mean(0), residual.std(0)
-                centroids = mean + std * torch.randn(book.embedding_sum.shape, generator=gen)
-                book.embedding_sum.copy_(centroids * book.cluster_usage[:, None])
-                book.register_buffer("_embedding", None, persistent=False)
-                residual = residual - book.decode(book.encode(residual))
+    draw_codebooks(model, gen)
     return model.eval()
+
+
+@torch.no_grad()
+def draw_codebooks(model, gen: torch.Generator, active: int | None = None,
+                   spread: float = 1.0) -> None:
+    """Centroids drawn around the latents they quantize, level by level (like a k-means
+    initialisation), so that every codebook's codes spread out: `spread` x the residual's
+    spread around its mean. With `active`, only the first `active` centroids of each level are
+    near it, the others far away (a few clear choices per level)."""
+    frame = int(model.sample_rate / model.frame_rate)
+    probe = torch.randn(1, 1, 48 * frame, generator=gen)
+    probe *= torch.linspace(0.02, 0.6, probe.shape[-1])
+    latent = model._encode_to_unquantized_latent(probe)
+    for rvq in (model.quantizer.rvq_first, model.quantizer.rvq_rest):
+        residual = rvq.input_proj(latent).transpose(1, 2).reshape(-1, rvq.dimension)
+        for layer in rvq.vq.layers:
+            book = layer._codebook
+            mean, std = residual.mean(0), residual.std(0)
+            centroids = mean + spread * std * torch.randn(book.embedding_sum.shape,
+                                                          generator=gen)
+            if active is not None:
+                far = torch.randn((centroids.shape[0] - active, centroids.shape[1]),
+                                  generator=gen)
+                centroids[active:] = mean + 1e3 * std * far
+            book.embedding_sum.copy_(centroids * book.cluster_usage[:, None])
+            book.register_buffer("_embedding", None, persistent=False)
+            residual = residual - book.decode(book.encode(residual))
 
 
 def published_key(key: str) -> str:

@@ -3,10 +3,11 @@ transport: speech goes in as InputAudioRawFrames at real-time pace, what the ser
 is counted on both sides of it (audio downstream, errors upstream). Run by
 tests/test_serve_pipecat.py with the python of a venv that holds pipecat (not this project's):
 
-    python tests/pipecat_client.py ws://127.0.0.1:PORT/v1/realtime speech.pcm SECONDS
+    python tests/pipecat_client.py ws://127.0.0.1:PORT/v1/realtime speech.pcm SECONDS [hear]
 
 It prints one JSON line: the audio frames and bytes pipecat pushed, their sample rates, the
-text it pushed, the errors it raised.
+text it pushed, the errors it raised; with `hear` the session turns the user's transcription on
+and the line holds the transcription frames pipecat pushed (interim and final).
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ import json
 import sys
 
 from client_wait import until_quiet
-from pipecat.frames.frames import (EndFrame, ErrorFrame, InputAudioRawFrame, TextFrame,
+from pipecat.frames.frames import (EndFrame, ErrorFrame, InputAudioRawFrame,
+                                   InterimTranscriptionFrame, TextFrame, TranscriptionFrame,
                                    TTSAudioRawFrame)
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.workers.runner import WorkerRunner
 from pipecat.pipeline.worker import PipelineWorker
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+from pipecat.services.openai.realtime import events
 from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService
 
 FRAME_BYTES = 3840  # 80 ms of PCM16 at 24 kHz
@@ -38,6 +41,10 @@ class Tap(FrameProcessor):
         await super().process_frame(frame, direction)
         if isinstance(frame, ErrorFrame):
             self.seen["errors"].append(str(frame.error))
+        elif isinstance(frame, InterimTranscriptionFrame):
+            self.seen["interim"].append(frame.text)
+        elif isinstance(frame, TranscriptionFrame):
+            self.seen["transcripts"].append(frame.text)
         elif isinstance(frame, TTSAudioRawFrame):
             self.seen["audio_frames"] += 1
             self.seen["audio_bytes"] += len(frame.audio)
@@ -47,9 +54,15 @@ class Tap(FrameProcessor):
         await self.push_frame(frame, direction)
 
 
-async def main(url: str, speech: bytes, seconds: float) -> dict:
-    seen = {"audio_frames": 0, "audio_bytes": 0, "rates": [], "text": "", "errors": []}
-    llm = OpenAIRealtimeLLMService(api_key="not-needed", base_url=url)
+async def main(url: str, speech: bytes, seconds: float, hear: bool = False) -> dict:
+    seen = {"audio_frames": 0, "audio_bytes": 0, "rates": [], "text": "", "errors": [],
+            "interim": [], "transcripts": []}
+    properties = None
+    if hear:  # the user's words: transcription on, as an app that wants them sets it
+        properties = events.SessionProperties(audio=events.AudioConfiguration(
+            input=events.AudioInput(transcription=events.InputAudioTranscription())))
+    llm = OpenAIRealtimeLLMService(api_key="not-needed", base_url=url,
+                                   session_properties=properties)
     worker = PipelineWorker(Pipeline([Tap(seen), llm, Tap(seen)]), idle_timeout_secs=None)
     runner = WorkerRunner(handle_sigint=False)
     await runner.add_workers(worker)
@@ -72,5 +85,6 @@ async def main(url: str, speech: bytes, seconds: float) -> dict:
 
 if __name__ == "__main__":
     url, path, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    hear = len(sys.argv) > 4 and sys.argv[4] == "hear"
     with open(path, "rb") as f:
-        print(json.dumps(asyncio.run(main(url, f.read(), seconds))))
+        print(json.dumps(asyncio.run(main(url, f.read(), seconds, hear))))

@@ -122,7 +122,7 @@ def test_a_voice_from_the_voice_dir(demo_model, demo_model_dir, pages, tmp_path,
 # -- bad input stays in its session -------------------------------------------------------------
 BAD = [
     (b"\x01" + b"garbage!" * 20, "not an Ogg/Opus stream"),
-    (b"\x09hello", "unknown message kind 9"),
+    (b"\x0ahello", "unknown message kind 10"),
     ("hello", "text WebSocket frames are not part of the protocol"),
     (b"\x01" + bytes(1 << 20) + b"!", "over the limit of 1048576"),
     (b"", "empty message"),

@@ -2,9 +2,12 @@
 `personaplex-edge serve`'s /v1/realtime, one session without a LiveKit server or room
 (tests/livekit_client.py), fed 20 ms `rtc.AudioFrame`s. It converses: a generation opens, its
 audio arrives as 24 kHz frames and its text as the transcript, the instructions it sets as an
-AgentSession does (a second session.update) are the persona, and no error is raised - with a
-bank voice and no turn detection, and with LiveKit's defaults (OpenAI's voice `marin`, server
-turn detection), where the bank's default voice speaks and session.updated names it.
+AgentSession does (a second session.update) are the persona - with a bank voice, no turn
+detection and no transcription asked (no error at all), and with LiveKit's defaults (OpenAI's
+voice `marin`, server turn detection, the user's transcription), where the bank's default
+voice speaks and session.updated names it, and the transcription this model cannot give is one
+error naming the field. On a model with a transcriber, the user's words reach the session as
+its input_audio_transcription_completed events.
 
 livekit-agents and its dependencies do not belong in this project's environment: the test
 builds a venv of its own once, under .venvs/livekit (tests/side_venv.py)."""
@@ -34,13 +37,17 @@ CLIENT = Path(__file__).resolve().parent / "livekit_client.py"
 INSTRUCTIONS = "You enjoy having a good conversation."  # what the client sets
 
 
-def converse(python: Path, url: str, audio: Path, seconds: float, voice: str) -> dict:
+def converse(python: Path, url: str, audio: Path, seconds: float, voice: str,
+             *flags: str, errors: tuple[str, ...] = ()) -> dict:
+    """The client's run; `errors`: the params of the error events expected (and nothing
+    else raised)."""
     run = subprocess.run([str(python), str(CLIENT), url + "v1", str(audio), str(seconds),
-                          voice], capture_output=True, text=True, timeout=120,
+                          voice, *flags], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": ""})
     assert run.returncode == 0, run.stderr[-3000:]
     seen = json.loads(run.stdout.strip().splitlines()[-1])
-    assert seen["errors"] == [] and seen["server_errors"] == [], run.stderr[-3000:]
+    assert [e["param"] for e in seen["server_errors"]] == list(errors), run.stderr[-3000:]
+    assert len(seen["errors"]) == len(errors), run.stderr[-3000:]
     return seen
 
 
@@ -56,7 +63,11 @@ def test_a_livekit_realtime_session_converses(livekit, demo_model, demo_model_di
     audio = tmp_path / "speech.pcm"
     audio.write_bytes(pcm16(speech(3.0)))
     with ServerThread(ServeOptions(demo_model_dir, port=0), model=demo_model) as srv:
-        seen = converse(livekit, srv.url, audio, 3.0, voice)
+        if voice == "-":  # LiveKit asks for the user's transcription: this model has none
+            seen = converse(livekit, srv.url, audio, 3.0, voice,
+                            errors=("session.audio.input.transcription",))
+        else:
+            seen = converse(livekit, srv.url, audio, 3.0, voice, "deaf")
         history = srv.history()
     assert seen["generations"] == 1 and seen["rates"] == [24000]
     # every answer frame the server sent reached LiveKit's audio stream, whole
@@ -74,3 +85,23 @@ def test_a_livekit_realtime_session_converses(livekit, demo_model, demo_model_di
     warned = [r.getMessage() for r in caplog.records
               if "is OpenAI's, not in this model's bank" in r.getMessage()]
     assert len(warned) == (1 if voice == "-" else 0)
+
+
+def test_livekit_hears_the_users_words(livekit, tmp_path):
+    """On a model with a transcriber, LiveKit's default session asks for the user's words:
+    its input_audio_transcription_completed events carry them - interim ones the deltas joined
+    per item, the final one the turn's transcript, as the Python API hears the same audio."""
+    from conftest_stt import FRAMES, serve_options, stt_model_dir
+    from test_heard_surfaces import api_heard
+
+    events, pcm16 = api_heard()
+    turn = next(e for e in events if e.kind == "turn")
+    audio = tmp_path / "speech.pcm"
+    audio.write_bytes(pcm16)
+    with ServerThread(serve_options(stt_model_dir())) as srv:
+        seen = converse(livekit, srv.url, audio, FRAMES * 0.08, "-")
+    finals = [h for h in seen["heard"] if h["final"]]
+    assert finals and finals[0]["transcript"] == turn.text
+    interim = [h for h in seen["heard"] if not h["final"] and h["item"] == finals[0]["item"]]
+    pieces = "".join(e.text for e in events if e.kind == "piece" and e.item == 1)
+    assert interim and interim[-1]["transcript"] == pieces

@@ -47,3 +47,28 @@ def test_pipecat_realtime_service_hears_the_model(demo_model_dir, tmp_path):
     assert seen["audio_bytes"] == seen["audio_frames"] * 2 * FRAME
     pcm = np.frombuffer(audio.read_bytes(), "<i2")
     assert history[0]["received"] == pcm.shape[0] // FRAME  # all it was given, it streamed
+
+
+def test_pipecat_hears_the_users_words(tmp_path):
+    """With transcription on in its session properties, pipecat pushes the user's words as
+    InterimTranscriptionFrames (the deltas) and a TranscriptionFrame (the turn's transcript):
+    what the Python API hears of the same audio, no ErrorFrame."""
+    from conftest_stt import FRAMES, serve_options, stt_model_dir
+    from test_heard_surfaces import api_heard
+
+    python = side_venv("pipecat", PIPECAT)
+    events, pcm16 = api_heard()
+    audio = tmp_path / "speech.pcm"
+    audio.write_bytes(pcm16)
+    with ServerThread(serve_options(stt_model_dir())) as srv:
+        run = subprocess.run([str(python), str(CLIENT), srv.url.replace("http", "ws", 1)
+                              + "v1/realtime", str(audio), str(FRAMES * 0.08), "hear"],
+                             capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "PYTHONPATH": ""})
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    assert seen["errors"] == [], run.stderr[-3000:]
+    first = [e for e in events if e.item == 1]
+    assert seen["interim"][:len([e for e in first if e.kind == "piece"])] == [
+        e.text for e in first if e.kind == "piece"]
+    assert seen["transcripts"][0] == next(e.text for e in first if e.kind == "turn")

@@ -47,7 +47,7 @@ def test_server_messages_are_kind_byte_then_payload():
 
 @pytest.mark.parametrize("data, reason", [
     (b"", "empty message"),
-    (b"\x09abc", "unknown message kind 9"),
+    (b"\x0aabc", "unknown message kind 10"),
     (b"\xffabc", "unknown message kind 255"),
     (b"\x02hello", r"kind 2 \(text\) is sent by servers"),
     (b"\x05oops", r"kind 5 \(error\) is sent by servers"),

@@ -36,6 +36,7 @@ from .vad import voice_detector
 
 if TYPE_CHECKING:
     from ..conversation import Conversation
+    from ..heard import Heard
     from ..sampling import SamplingParams
     from ..say import SayEvent, Utterance
     from ..text import TextTokenizer
@@ -131,6 +132,8 @@ class IdleGate:
         self._requests: set[str] = set()
         self._next: tuple[Persona, SamplingParams | None] | None = None  # set_persona's
         conv.on_say = self._said  # word events, on the worker's thread after its step
+        if conv.transcribing:  # what the user says, from a model with a transcriber
+            conv.on_heard = self._heard
 
     # -- commands (any thread) ----------------------------------------------------------------
     def request(self, what: str) -> None:
@@ -154,6 +157,13 @@ class IdleGate:
         data = event.to_dict(self.conv.prompt_frames)
         data["word_event"] = data.pop("event")
         self.emit({"event": "say", **data})
+
+    def _heard(self, event: "Heard") -> None:
+        # pieces and words as "heard", the user's turn over as "turn_end" (runtime/heard.py);
+        # what the transcriber made of it goes in "heard"
+        data = event.to_dict()
+        data["heard"] = data.pop("event")
+        self.emit({"event": "turn_end" if event.kind == "turn" else "heard", **data})
 
     def set_persona(self, persona: Persona, sampling: "SamplingParams | None" = None) -> None:
         """The persona (and sampling) of the next conversation: made at the next sleep, or at

@@ -3,8 +3,9 @@
 
     the query parameters are the persona and sampling (ERROR naming a bad one)  ->  HANDSHAKE
     once the persona prefill is done  ->  Ogg/Opus in, Ogg/Opus and text pieces out (SAY in:
-    words for the model to say; their events out)  ->  ERROR with the reason before the close
-    (unless the client left).
+    words for the model to say; their events out. HEARD in: the user's words out, from a
+    model with a transcriber)  ->  ERROR with the reason before the close (unless the client
+    left).
 
 Whatever a client sends ends at most its own session: its bytes are parsed and decoded here,
 on the event loop, and only whole 1920-sample frames reach the model.
@@ -20,6 +21,9 @@ from aiohttp import web
 from . import protocol
 from .lifecycle import Wire, serve_websocket
 from .opus import OpusDecoder, OpusEncoder, OpusError
+from ..heard import Heard
+from ..heard_message import HeardMessageError, no_transcriber, parse_request
+from ..heard_message import event_payload as heard_payload
 from ..say import SayError, SayEvent
 from ..say_message import SayCommand, event_payload, parse_command, queued_payload
 from .params import ChatParams, parse_params
@@ -61,13 +65,20 @@ class ChatSession(Session):
     def _word(self, event: SayEvent) -> None:
         self.send(protocol.say(event_payload(event, self.conv.prompt_frames)))
 
+    hearing = False  # the client asked for HEARD messages
+
+    def _heard(self, event: Heard) -> None:
+        if self.hearing:
+            self.send(protocol.heard(heard_payload(event)))
+
 
 class ChatWire(Wire):
     name = "chat"
     # aiohttp's own limit sits above the protocol's: past it aiohttp closes (1009) before the
     # handler sees the message, so a message just over MAX_MESSAGE_BYTES still gets its ERROR
     max_message_bytes = 4 * protocol.MAX_MESSAGE_BYTES
-    client_errors = (protocol.ProtocolError, OpusError, ClientError, SayError)
+    client_errors = (protocol.ProtocolError, OpusError, ClientError, SayError,
+                     HeardMessageError)
 
     def refusal(self, reason: str, stopping: bool) -> list[bytes | str]:
         return [protocol.error(reason)]
@@ -100,6 +111,11 @@ class ChatWire(Wire):
                 self.state.stats.dropped.inc(dropped)
         elif kind == protocol.Kind.SAY:
             session.command(parse_command(payload))
+        elif kind == protocol.Kind.HEARD:
+            wanted = parse_request(payload)
+            if wanted and self.state.model.loaded.transcriber is None:
+                raise no_transcriber(self.state.model.model_dir)
+            session.hearing = wanted
 
 
 async def _report(session: Session) -> None:

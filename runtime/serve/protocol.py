@@ -5,7 +5,9 @@ handshake once the persona prefill is done, then an audio message per answer fra
 pages) and a text message per non-padding text piece; clients send audio. Metadata (JSON) goes
 only to a client that asked for it (`stats=1`); an error message explains why the server is
 about to close the session. SAY (this project's, JSON both ways; runtime/say_message.py): words
-a client has the model say, and their events, sent only to a client that sends SAY.
+a client has the model say, and their events, sent only to a client that sends SAY. HEARD
+(this project's, JSON; runtime/heard_message.py): what the user said, sent only to a client that
+asks with HEARD {"hear": true}.
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ def say(payload: bytes) -> bytes:
     return bytes([Kind.SAY]) + payload
 
 
+def heard(payload: bytes) -> bytes:
+    return bytes([Kind.HEARD]) + payload
+
+
 def parse(data: bytes) -> tuple[Kind, bytes]:
     """A client's binary message -> (kind, payload); ProtocolError for what a client cannot
     send: an empty or oversized message, an unknown kind, or a kind only servers send."""
@@ -61,7 +67,7 @@ def parse(data: bytes) -> tuple[Kind, bytes]:
         kind = Kind(data[0])
     except ValueError:
         raise ProtocolError(f"unknown message kind {data[0]}") from None
-    if kind not in (Kind.AUDIO, Kind.SAY) and kind not in IGNORED_FROM_CLIENT:
+    if kind not in (Kind.AUDIO, Kind.SAY, Kind.HEARD) and kind not in IGNORED_FROM_CLIENT:
         raise ProtocolError(f"message kind {kind.value} ({kind.name.lower()}) is sent by "
                             "servers, not clients")
     return kind, bytes(data[1:])

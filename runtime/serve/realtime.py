@@ -20,6 +20,12 @@ response at the next frame when none is open, response.cancel ends the open one 
 `cancelled`) and its audio stops until the model starts a new word. A bad event is one `error`
 event; the session goes on.
 
+What the user says, where the model has a transcriber and the session turns transcription on
+(GA `audio.input.transcription`, beta `input_audio_transcription`; runtime/heard.py): each of
+the user's turns is a user item (conversation.item.added), its transcript comes as
+conversation.item.input_audio_transcription.delta events while it is heard and .completed (with
+`usage`) when the turn is over. Asked of a model without one: an `error` naming the field.
+
 What an app has the model say (runtime/say.py) is an assistant message: conversation.item.create
 with an assistant item's text (echoed as an added item), then response.create. That response
 closes the open one and carries the words: it is done (`completed`) two frames after the last
@@ -43,6 +49,7 @@ from personaplex_edge.audio import pcm16_bytes
 from ..pcm_frames import PCM16, PcmFrames
 from .lifecycle import Wire, serve_websocket
 from .params import MAX_TEXT_PROMPT_CHARS, ChatParams, ParamError
+from ..heard import Heard
 from ..say import SayError, SayEvent, Utterance, check_say_text
 from .realtime_events import (MAX_EVENT_BYTES, EventError, Response, ServerEvents,
                               SessionUpdate, SessionView, assistant_item, audio_bytes,
@@ -80,6 +87,32 @@ class RealtimeSession(Session):
         self._saying = False  # the open (or next) response carries words the client gave
         self._utterance: int | None = None  # the say() behind it, once the tick thread took it
         self._closing: int | None = None  # answer frames until that response is done
+        self.transcription = False  # the client asked for the user's words
+        self._turns: dict[int, list] = {}  # a user turn (Heard.item) -> [item id, first frame,
+        #                                    pieces]
+
+    def _heard(self, event: Heard) -> None:
+        if not self.transcription:
+            return
+        turn = self._turns.get(event.item)
+        if turn is None:
+            if event.kind == "turn":  # a turn heard before transcription was turned on
+                return
+            turn = self._turns[event.item] = [new_id("item"), event.frame, 0]
+            self.send(self.events.user_item_added(turn[0]))
+        if event.kind == "piece":
+            turn[2] += 1
+            self.send(self.events.input_transcription_delta(turn[0], event.text))
+        elif event.kind == "turn":
+            del self._turns[event.item]
+            # usage in the transcriber's own tokens: the codes it read over the turn, the
+            # pieces it wrote
+            audio = (event.frame - turn[1] + 1) * self.conv.group.transcriber.cfg.num_audio_codebooks
+            usage = {"type": "tokens", "input_tokens": audio, "output_tokens": turn[2],
+                     "total_tokens": audio + turn[2],
+                     "input_token_details": {"audio_tokens": audio, "text_tokens": 0}}
+            for out in self.events.input_transcription_completed(turn[0], event.text, usage):
+                self.send(out)
 
     def receive_audio(self, data: bytes) -> int:
         """An append's bytes -> whole frames into the backlog; returns the frames dropped.
@@ -260,6 +293,9 @@ class RealtimeWire(Wire):
             session.want_response()
         elif kind == "response.cancel":
             session.cancel_response()
+        elif kind == "input_audio_buffer.commit" and session.transcription:
+            # the client's own turn detection: the user's turn is over
+            session.with_conversation(lambda conv: conv.end_turn())
         elif kind == "input_audio_buffer.clear":
             # what was appended has been heard already: there is no buffer to clear
             session.send(self.events.input_cleared())
@@ -269,8 +305,8 @@ class RealtimeWire(Wire):
                 session.add_assistant_text(item[1])
                 for out in self.events.item_created(*item):
                     session.send(out)
-        # commit, output_audio_buffer.clear, other conversation.item.*: nothing to do in
-        # full duplex
+        # commit (without transcription), output_audio_buffer.clear, other
+        # conversation.item.*: nothing to do in full duplex
 
     def heard(self) -> None:
         """The client streams: the persona is fixed now if an update gave one, else after
@@ -284,6 +320,8 @@ class RealtimeWire(Wire):
     def _update(self, session: RealtimeSession, update: SessionUpdate) -> None:
         """Formats apply at once; instructions and voice only until the persona is fixed;
         the effective session is echoed once the persona is ready."""
+        if update.transcription is not None:
+            self._transcribe(session, update)
         params = None if self._persona.done() else self._params(session, update)  # EventError
         if update.input_format is not None:
             session.set_input_format(update.input_format)
@@ -298,6 +336,22 @@ class RealtimeWire(Wire):
             session.send(self.events.session_updated(self.view))
         else:
             self._updates_unanswered += 1
+
+    def _transcribe(self, session: RealtimeSession, update: SessionUpdate) -> None:
+        """Transcription on or off. Asked of a model without a transcriber: an error naming the
+        field, and the rest of the update applies (LiveKit asks for it by default)."""
+        transcriber = self.state.model.loaded.transcriber
+        if update.transcription and transcriber is None:
+            session.send(self.events.error(
+                f"{update.transcription_param}: this model has no transcriber to hear the user "
+                "with; export it with --transcriber (e.g. kyutai/stt-1b-en_fr-candle)",
+                code="transcription_unavailable", param=update.transcription_param))
+            return
+        session.transcription = bool(update.transcription)
+        name = None if transcriber is None else transcriber.source
+        if name and Path(name).is_absolute():  # a directory on the server: its name only
+            name = Path(name).name
+        self.view.transcription = {"model": name} if update.transcription else None
 
     def _params(self, session: Session, update: SessionUpdate) -> ChatParams:
         """The update's persona over the earlier updates' (or the server's defaults);

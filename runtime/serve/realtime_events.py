@@ -116,6 +116,9 @@ class SessionUpdate:
     voice: str | None = None
     input_format: str | None = None
     voice_param: str = "session.audio.output.voice"  # where the client put the voice
+    # the user's words: on (an object), off (null), or not given (None); where the client put it
+    transcription: bool | None = None
+    transcription_param: str = "session.audio.input.transcription"
 
 
 def _path(session: dict, *keys: str):
@@ -175,8 +178,29 @@ def parse_session_update(event: dict) -> SessionUpdate:
     if fmt is None:
         fmt = _input_format(session.get("input_audio_format"), "session.input_audio_format",
                             event_id)
+    transcription, transcription_param = _transcription(session, event_id)
     return SessionUpdate(instructions=instructions, voice=voice, input_format=fmt,
-                         voice_param=voice_param)
+                         voice_param=voice_param, transcription=transcription,
+                         transcription_param=transcription_param)
+
+
+def _transcription(session: dict, event_id) -> tuple[bool | None, str]:
+    """Whether the update turns the user's transcription on or off (None: it says nothing):
+    GA `audio.input.transcription`, beta `input_audio_transcription` - an object (its model,
+    language, prompt are the server's own) or null."""
+    audio_input = _path(session, "audio", "input")
+    for present, value, param in (
+            (isinstance(audio_input, dict) and "transcription" in audio_input,
+             audio_input.get("transcription") if isinstance(audio_input, dict) else None,
+             "session.audio.input.transcription"),
+            ("input_audio_transcription" in session, session.get("input_audio_transcription"),
+             "session.input_audio_transcription")):
+        if present:
+            if value is not None and not isinstance(value, dict):
+                raise EventError(f"{param} is an object (e.g. {{\"model\": ...}}) or null",
+                                 param=param, event_id=event_id)
+            return value is not None, param
+    return None, "session.audio.input.transcription"
 
 
 # -- server events --------------------------------------------------------------------------------
@@ -215,6 +239,7 @@ class SessionView:
     instructions: str
     voice: str | None
     input_format: str = PCM16
+    transcription: dict | None = None  # {"model": the transcriber} while the user is heard
 
 
 @dataclass
@@ -266,11 +291,13 @@ class ServerEvents:
                     "modalities": ["audio", "text"], "instructions": s.instructions,
                     "voice": s.voice, "input_audio_format": s.input_format,
                     "output_audio_format": PCM16, "turn_detection": None,
+                    "input_audio_transcription": s.transcription,
                     "tools": [], "tool_choice": "auto", "max_response_output_tokens": "inf"}
         fmt = pcm if s.input_format == PCM16 else {"type": F32, "rate": RATE}
         return {"type": "realtime", "object": "realtime.session", "id": s.id, "model": s.model,
                 "output_modalities": ["audio"], "instructions": s.instructions,
-                "audio": {"input": {"format": fmt, "turn_detection": None},
+                "audio": {"input": {"format": fmt, "turn_detection": None,
+                                    "transcription": s.transcription},
                           "output": {"format": pcm, "voice": s.voice, "speed": 1.0}},
                 "tools": [], "tool_choice": "auto", "max_output_tokens": "inf"}
 
@@ -299,6 +326,32 @@ class ServerEvents:
         events = [self._encode(self.names.item_added, previous_item_id=None, item=item)]
         if self.names.item_done is not None:
             events.append(self._encode(self.names.item_done, previous_item_id=None, item=item))
+        return events
+
+    # -- the user's words (a model with a transcriber, a session that asked) -------------------
+    def _user_item(self, item_id: str, status: str, transcript: str | None) -> dict:
+        return {"id": item_id, "object": "realtime.item", "type": "message", "role": "user",
+                "status": status, "content": [{"type": "input_audio",
+                                               "transcript": transcript}]}
+
+    def user_item_added(self, item_id: str) -> str:
+        """The user's audio of one turn, as an item (its transcript comes as it is heard)."""
+        return self._encode(self.names.item_added, previous_item_id=None,
+                            item=self._user_item(item_id, "in_progress", None))
+
+    def input_transcription_delta(self, item_id: str, text: str) -> str:
+        return self._encode("conversation.item.input_audio_transcription.delta",
+                            item_id=item_id, content_index=0, delta=text)
+
+    def input_transcription_completed(self, item_id: str, transcript: str,
+                                      usage: dict) -> list[str]:
+        """The turn's transcript, and (GA) its item done."""
+        events = [self._encode("conversation.item.input_audio_transcription.completed",
+                               item_id=item_id, content_index=0, transcript=transcript,
+                               usage=usage)]
+        if self.names.item_done is not None:
+            events.append(self._encode(self.names.item_done, previous_item_id=None,
+                                       item=self._user_item(item_id, "completed", transcript)))
         return events
 
     # -- the response -----------------------------------------------------------------------------

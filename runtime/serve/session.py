@@ -30,6 +30,7 @@ from ..frame_backlog import FrameBacklog
 
 if TYPE_CHECKING:
     from personaplex_edge.runtime.conversation import Conversation
+    from personaplex_edge.runtime.heard import Heard
     from personaplex_edge.runtime.say import SayEvent
 
     from .params import ChatParams
@@ -195,12 +196,18 @@ class Session:
         """The conversation is prefilled: its word events come to `_word` on the event loop,
         and the jobs that waited for it run."""
         self.conv.on_say = lambda event: self._soon(self._word, event)
+        if self.conv.transcribing:  # the user's words, from a model with a transcriber
+            self.conv.on_heard = lambda event: self._soon(self._heard, event)
         waiting, self._waiting = self._waiting, []
         for job, then in waiting:
             self.with_conversation(job, then)
 
     def _word(self, event: "SayEvent") -> None:
         """A word event of a say() (on the event loop): the protocol tells its client."""
+
+    def _heard(self, event: "Heard") -> None:
+        """What the user said (runtime/heard.py; on the event loop): the protocol tells its
+        client, if it asked."""
 
     def summary(self) -> dict:
         """The whole session's figures (its latency over every kept frame)."""

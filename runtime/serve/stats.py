@@ -62,8 +62,8 @@ class ServerStats:
         self.latency.observe(latency_seconds)
         row = metrics.last()  # [stages + total] ms
         for i, name in enumerate(tuple(metrics.stages) + ("frame",)):
-            if name in OPTIONAL_STAGES:  # the echo canceller: --mic only
-                continue
+            if name in OPTIONAL_STAGES and not row[i]:  # --mic's echo canceller; the
+                continue  #                                 transcriber, where the model has one
             child = self._stage_children.get(name)
             if child is None:
                 child = self._stage_children[name] = self.stage.labels(stage=name)

@@ -1,0 +1,284 @@
+"""What the user said, on every wire: `/v1/realtime` (the openai SDK's GA and beta clients, their
+own types validating every event), `/api/chat` and `stdio` (the HEARD message), on the model
+exported with a transcriber (tests/conftest_stt.py). What each wire carries is what the Python
+API hears from the same audio; a model without a transcriber refuses the request with the
+protocol's own error."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import json
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("aiohttp")
+openai = pytest.importorskip("openai")
+
+from bench_serve import ServerThread  # noqa: E402
+from conftest_stt import FRAMES, serve_options, stt_bundle, stt_model_dir  # noqa: E402
+from pydantic import TypeAdapter  # noqa: E402
+
+from personaplex_edge.audio import pcm16_bytes  # noqa: E402
+from personaplex_edge.runtime.persona import Persona  # noqa: E402
+from personaplex_edge.runtime.serve import ServeOptions  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def heard():
+    return api_heard()
+
+
+@functools.lru_cache(maxsize=None)
+def api_heard():
+    """What the Python API hears of the bundle's audio: (events, the PCM16 sent on wires)."""
+    import personaplex_edge as pe
+
+    b = stt_bundle()
+    pcm16 = pcm16_bytes(b.pcm)
+    pcm = np.frombuffer(pcm16, "<i2").astype(np.float32) / 32768
+    model = pe.load(stt_model_dir(), device="cpu")
+    try:
+        with model.conversation(persona=False, greedy=True) as conv:
+            for i in range(FRAMES):
+                conv.step(pcm[i * 1920:(i + 1) * 1920])
+            events = conv.heard_events()
+    finally:
+        model.close()
+    turns = [e for e in events if e.kind == "turn"]
+    assert turns, "the bundle's audio must end a turn (its VAD head passes 0.6)"
+    return events, pcm16
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ServerThread(serve_options(stt_model_dir())) as srv:
+        yield srv
+
+
+async def _realtime(connect, session: dict, pcm16: bytes, until: str) -> list[dict]:
+    """An SDK connection: the update, then the audio, then events until one of type `until`."""
+    events = []
+    async with connect as conn:
+        await conn.session.update(session=session)
+        async for event in conn:
+            events.append(event.to_dict())
+            if event.type == "session.updated":
+                break
+        if until == "session.updated":
+            return events
+        for at in range(0, len(pcm16), 3840):
+            await conn.input_audio_buffer.append(
+                audio=base64.b64encode(pcm16[at:at + 3840]).decode())
+        async for event in conn:
+            events.append(event.to_dict())
+            if event.type == until:
+                break
+    return events
+
+
+def _first_turn(events):
+    first = [e for e in events if e.item == 1]
+    pieces = "".join(e.text for e in first if e.kind == "piece")
+    turn = next(e for e in first if e.kind == "turn")
+    return pieces, turn
+
+
+def test_the_sdk_ga_client_gets_the_users_words(server, heard):
+    from openai.types.realtime import RealtimeServerEvent
+
+    events_api, pcm16 = heard
+    client = openai.AsyncOpenAI(api_key="k", base_url=server.url + "v1")
+    session = {"type": "realtime", "audio": {"input": {"transcription": {"model": "any"}}}}
+    events = asyncio.run(asyncio.wait_for(_realtime(
+        client.realtime.connect(model="personaplex"), session, pcm16,
+        "conversation.item.input_audio_transcription.completed"), 120))
+    adapter = TypeAdapter(RealtimeServerEvent)
+    for event in events:
+        adapter.validate_python(event)
+    updated = next(e for e in events if e["type"] == "session.updated")["session"]
+    assert updated["audio"]["input"]["transcription"]["model"]
+    user_items = [e for e in events if e["type"] == "conversation.item.added"
+                  and e["item"]["role"] == "user"]
+    assert len(user_items) == 1
+    item_id = user_items[0]["item"]["id"]
+    deltas = [e for e in events
+              if e["type"] == "conversation.item.input_audio_transcription.delta"]
+    assert deltas and {d["item_id"] for d in deltas} == {item_id}
+    assert all(d["content_index"] == 0 for d in deltas)
+    done = events[-1]
+    pieces, turn = _first_turn(events_api)
+    assert "".join(d["delta"] for d in deltas) == pieces
+    assert done["item_id"] == item_id and done["transcript"] == turn.text
+    assert done["usage"]["type"] == "tokens" and done["usage"]["input_tokens"] > 0
+    assert done["usage"]["output_tokens"] == len(deltas)
+
+
+def test_the_sdk_beta_client_gets_the_beta_names(server, heard):
+    from openai.types.beta.realtime import RealtimeServerEvent
+
+    _, pcm16 = heard
+    client = openai.AsyncOpenAI(api_key="k", base_url=server.url + "v1",
+                                websocket_base_url=server.url.replace("http", "ws", 1) + "v1")
+    events = asyncio.run(asyncio.wait_for(_realtime(
+        client.beta.realtime.connect(model="personaplex"),
+        {"input_audio_transcription": {"model": "whisper-1"}}, pcm16,
+        "conversation.item.input_audio_transcription.completed"), 120))
+    adapter = TypeAdapter(RealtimeServerEvent)
+    for event in events:
+        if event["type"].startswith("session."):  # the beta's types list OpenAI's models only
+            event["session"]["model"] = "gpt-realtime"
+        adapter.validate_python(event)
+    assert any(e["type"] == "conversation.item.created" and e["item"]["role"] == "user"
+               for e in events)
+    assert not any(e["type"] == "conversation.item.added" for e in events)
+    assert next(e for e in events if e["type"] == "session.updated")["session"][
+        "input_audio_transcription"]
+
+
+def test_transcription_asked_of_a_model_without_one_is_an_error_naming_the_field(
+        demo_model, demo_model_dir):
+    from openai.types.realtime import RealtimeServerEvent
+
+    with ServerThread(ServeOptions(demo_model_dir, port=0), model=demo_model) as srv:
+        client = openai.AsyncOpenAI(api_key="k", base_url=srv.url + "v1")
+        session = {"type": "realtime", "instructions": "Be brief.",
+                   "audio": {"input": {"transcription": {"model": "x"}}}}
+        events = asyncio.run(asyncio.wait_for(_realtime(
+            client.realtime.connect(model="personaplex"), session, b"", "session.updated"),
+            60))
+    adapter = TypeAdapter(RealtimeServerEvent)
+    for event in events:
+        adapter.validate_python(event)
+    errors = [e["error"] for e in events if e["type"] == "error"]
+    assert len(errors) == 1 and errors[0]["param"] == "session.audio.input.transcription"
+    assert "transcriber" in errors[0]["message"]
+    # the rest of the update applies: its instructions, no transcription
+    updated = events[-1]["session"]
+    assert updated["instructions"] == "Be brief."
+    assert updated["audio"]["input"]["transcription"] is None
+
+
+# ---- the moshi-protocol wires: the HEARD message ---------------------------------------------------
+def test_api_chat_sends_heard_messages_to_a_client_that_asks(server, heard):
+    import aiohttp
+
+    from personaplex_edge.runtime.serve.opus import OpusEncoder
+
+    events_api, pcm16 = heard
+    pcm = np.frombuffer(pcm16, "<i2").astype(np.float32) / 32768
+
+    async def scene():
+        got = []
+        async with aiohttp.ClientSession() as http:
+            async with http.ws_connect(server.url.replace("http", "ws", 1) + "api/chat") as ws:
+                assert (await ws.receive()).data == b"\x00"
+                await ws.send_bytes(b"\x09" + json.dumps({"hear": True}).encode())
+                encoder = OpusEncoder(24000)
+                for i in range(FRAMES):
+                    pages = encoder.encode(pcm[i * 1920:(i + 1) * 1920])
+                    if pages:
+                        await ws.send_bytes(b"\x01" + pages)
+                answers = 0
+                while answers < FRAMES - 2:  # the answers to the frames sent (Opus delays)
+                    msg = await asyncio.wait_for(ws.receive(), 60)
+                    if msg.data[0] == 0x09:
+                        got.append(json.loads(msg.data[1:]))
+                    answers += msg.data[0] == 0x01
+                return got
+
+    got = asyncio.run(asyncio.wait_for(scene(), 120))
+    # Opus is lossy: the words are those of its audio, not the API's; their form is checked
+    pieces = [g for g in got if g["event"] == "piece"]
+    words = [g for g in got if g["event"] == "word"]
+    assert len(pieces) > 10 and words
+    assert [g["step"] for g in got] == sorted(g["step"] for g in got)
+    assert "".join(w["text"] for w in words) in "".join(p["text"] for p in pieces).replace(
+        " ", "")
+    assert all(0 <= w["start"] <= w["end"] for w in words)
+
+
+def test_api_chat_heard_request_without_a_transcriber_is_an_error(demo_model, demo_model_dir):
+    import aiohttp
+
+    async def scene():
+        async with aiohttp.ClientSession() as http:
+            with ServerThread(ServeOptions(demo_model_dir, port=0), model=demo_model) as srv:
+                async with http.ws_connect(srv.url.replace("http", "ws", 1)
+                                           + "api/chat") as ws:
+                    assert (await ws.receive()).data == b"\x00"
+                    await ws.send_bytes(b"\x09" + b'{"hear": true}')
+                    msg = await asyncio.wait_for(ws.receive(), 30)
+                    closed = await asyncio.wait_for(ws.receive(), 30)
+                    return msg.data, closed.type
+
+    data, closed = asyncio.run(scene())
+    assert data[0] == 0x05 and b"transcriber" in data
+    assert closed in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED,
+                      aiohttp.WSMsgType.CLOSING)
+
+
+def _frame(kind: int, payload: bytes) -> bytes:
+    return struct.pack("<I", len(payload) + 1) + bytes([kind]) + payload
+
+
+def _messages(data: bytes):
+    at = 0
+    while at < len(data):
+        (n,) = struct.unpack_from("<I", data, at)
+        yield data[at + 4], data[at + 5:at + 4 + n]
+        at += 4 + n
+
+
+def test_stdio_sends_heard_messages_equal_to_the_apis(heard):
+    events_api, pcm16 = heard
+    stdin = _frame(0x09, b'{"hear": true}') + _frame(0x01, pcm16)
+    done = subprocess.run([sys.executable, "-m", "personaplex_edge.cli", "stdio", "--model",
+                           str(stt_model_dir()), "--no-persona", "--device", "cpu"],
+                          input=stdin, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    got = [json.loads(p) for k, p in _messages(done.stdout) if k == 0x09]
+    want = [{"event": e.kind, "text": e.text, "item": e.item, "step": e.frame}
+            for e in events_api]
+    assert [{k: g[k] for k in ("event", "text", "item", "step")} for g in got] == want
+
+
+def test_stdio_heard_request_without_a_transcriber_exits_2(demo_model_dir):
+    done = subprocess.run([sys.executable, "-m", "personaplex_edge.cli", "stdio", "--model",
+                           str(demo_model_dir), "--no-persona", "--device", "cpu"],
+                          input=_frame(0x09, b'{"hear": true}'), capture_output=True,
+                          timeout=120)
+    assert done.returncode == 2
+    errors = [p for k, p in _messages(done.stdout) if k == 0x05]
+    assert errors and b"transcriber" in errors[0]
+
+
+def test_the_assistants_socket_events_carry_the_users_words(heard):
+    """The assistant's step (its IdleGate, what the control socket publishes): the same pieces
+    and words as `heard`, and the turn's end."""
+    import personaplex_edge as pe
+    from personaplex_edge.runtime.assistant.idle import IdleGate, IdlePolicy
+    from personaplex_edge.runtime.persona import Persona
+
+    events_api, pcm16 = heard
+    pcm = np.frombuffer(pcm16, "<i2").astype(np.float32) / 32768
+    model = pe.load(stt_model_dir(), device="cpu")
+    published = []
+    try:
+        conv = model.open_conversation(persona=Persona(enabled=False))
+        conv.prefill()
+        gate = IdleGate(conv, model.text, IdlePolicy(sleep_after_frames=0), published.append)
+        for i in range(FRAMES):
+            gate(pcm[i * 1920:(i + 1) * 1920])
+        conv.close()
+    finally:
+        model.close()
+    got = [e for e in published if e["event"] in ("heard", "turn_end")]
+    assert [(e["event"], e["heard"], e["text"], e["step"]) for e in got] == [
+        ("turn_end" if e.kind == "turn" else "heard", e.kind, e.text, e.frame)
+        for e in events_api]

@@ -1,0 +1,313 @@
+"""The transcriber (Kyutai's STT beside PersonaPlex) against moshi's own STT inference, on a
+checkpoint with random weights in stt-1b-en_fr's layout (tests/moshi_stt_reference.py):
+
+    run --user-text-out    the greedy text token of every input frame equals moshi's
+                           run_inference (first frame fed twice) on the same audio, past the
+                           transcriber's context (24 frames here) and Mimi's ring
+    the encode             the 32-code encoder's codes equal moshi's 32-code encode, and its
+                           first 8 the 8-code encoder's of the same checkpoint exported without
+                           a transcriber
+    VAD heads              their softmax equals moshi's step_with_extra_heads within float32
+    PersonaPlex            its answer and text are those of the export without a transcriber
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from conftest_stt import FRAMES, plain_model_dir, stt_bundle, stt_model_dir
+from personaplex_edge.audio import read_audio, write_audio
+from personaplex_edge.cli import main
+
+
+def _records(tokens, tokenizer_path) -> list[str]:
+    """moshi's tokens as the offline tool records them, with sentencepiece itself."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(tokenizer_path))
+    return ["PAD" if t == 3 else "EPAD" if t == 0 else
+            sp.id_to_piece(int(t)).replace("\u2581", " ") for t in tokens]
+
+
+@pytest.fixture(scope="module")
+def run_outputs(tmp_path_factory):
+    """`run` on both exports of the same checkpoint, greedy, on the bundle's input."""
+    b = stt_bundle()
+    work = tmp_path_factory.mktemp("stt_run")
+    write_audio(work / "in.wav", b.pcm)
+    out = {}
+    for name, model in (("stt", stt_model_dir()), ("plain", plain_model_dir())):
+        args = ["run", "--model", str(model), "--input", str(work / "in.wav"),
+                "--output", str(work / f"{name}.wav"), "--text-out",
+                str(work / f"{name}.json"), "--greedy", "--no-persona"]
+        if name == "stt":
+            args += ["--user-text-out", str(work / "user.json")]
+        assert main(args) == 0
+        out[name] = (read_audio(work / f"{name}.wav"),
+                     json.loads((work / f"{name}.json").read_text()))
+    out["user"] = json.loads((work / "user.json").read_text())
+    out["work"] = work
+    return out
+
+
+def test_user_text_out_equals_moshi_stt_inference(run_outputs):
+    b = stt_bundle()
+    want = _records(b.reference["text"], b.stt_checkpoint / b.stt_config["tokenizer_name"])
+    got = run_outputs["user"]
+    assert len(got) == FRAMES == len(want)
+    assert got == want
+    # not a vacuous run: the random model writes many different pieces, and padding
+    assert len(set(got)) > 10
+
+
+def test_the_32_code_encoder_keeps_the_8_codes_and_equals_moshi(tmp_path):
+    from personaplex_edge.contract import CODES
+    from personaplex_edge.runtime.codec import Codec
+
+    b = stt_bundle()
+    wide = Codec.load(stt_model_dir(), device="cpu")
+    narrow = Codec.load(plain_model_dir(), device="cpu")
+    codes32, codes8 = [], []
+    for i in range(FRAMES):
+        frame = b.pcm[i * 1920:(i + 1) * 1920]
+        wide._pcm_in[0, 0] = frame
+        codes32.append(wide.encoder.run()[CODES][0].copy())
+        codes8.append(narrow.encode_frame(frame).copy())
+    codes32, codes8 = np.array(codes32), np.array(codes8)
+    assert codes32.shape == (FRAMES, 32) and codes8.shape == (FRAMES, 8)
+    np.testing.assert_array_equal(codes32[:, :8], codes8)
+    np.testing.assert_array_equal(codes32, b.reference["codes"])
+    assert all(len(set(codes32[:, k])) > 2 for k in range(32))  # every codebook in use
+
+
+def test_vad_heads_match_moshi():
+    import personaplex_edge as pe
+
+    b = stt_bundle()
+    model = pe.load(stt_model_dir(), device="cpu")
+    try:
+        with model.conversation(persona=False, greedy=True) as conv:
+            got = []
+            for i in range(FRAMES):
+                conv.step(b.pcm[i * 1920:(i + 1) * 1920])
+                got.append(conv.core.heard_vad.copy())
+    finally:
+        model.close()
+    got, want = np.array(got), b.reference["vad"]
+    assert got.shape == want.shape == (FRAMES, 4, 6)
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-4)
+    assert np.ptp(want[:, 2, 0]) > 0.05  # the heads move with the audio
+
+
+def test_personaplex_answers_unchanged_by_the_transcriber(run_outputs):
+    (pcm_stt, text_stt), (pcm_plain, text_plain) = run_outputs["stt"], run_outputs["plain"]
+    assert text_stt == text_plain
+    np.testing.assert_allclose(pcm_stt, pcm_plain, atol=1e-6)
+    assert np.abs(pcm_plain).max() > 1e-3
+
+
+def test_user_text_out_without_a_transcriber_is_refused(run_outputs, capsys):
+    work = run_outputs["work"]
+    assert main(["run", "--model", str(plain_model_dir()), "--input", str(work / "in.wav"),
+                 "--output", str(work / "x.wav"), "--user-text-out", str(work / "x.json"),
+                 "--no-persona"]) == 2
+    err = capsys.readouterr().err
+    assert "--user-text-out" in err and "transcriber" in err
+    assert not (work / "x.json").exists() and not (work / "x.wav").exists()
+
+
+# ---- bad transcriber input ------------------------------------------------------------------
+
+def _bad_copy(tmp_path, change):
+    b = stt_bundle()
+    root = tmp_path / "stt_bad"
+    shutil.copytree(b.stt_checkpoint, root)
+    change(root)
+    return root
+
+
+def _edit_config(**fields):
+    def change(root):
+        cfg = json.loads((root / "config.json").read_text())
+        cfg.update(fields)
+        (root / "config.json").write_text(json.dumps(cfg))
+    return change
+
+
+def _other_mimi(root):
+    from safetensors.numpy import load_file, save_file
+
+    name = json.loads((root / "config.json").read_text())["mimi_name"]
+    tensors = load_file(str(root / name))
+    key = next(k for k in sorted(tensors) if k.endswith("embedding_sum"))
+    tensors[key] = tensors[key] * 1.01
+    save_file(tensors, str(root / name))
+
+
+@pytest.mark.parametrize("change, names", [
+    (_edit_config(model_type="moshi"), ["config.json", "model_type"]),
+    (_edit_config(dep_q=8), ["config.json", "dep_q"]),
+    (_edit_config(n_q=4, delays=[0] * 5), ["config.json", "n_q"]),
+    (_other_mimi, ["mimi-pytorch-e351c8d8@125.safetensors", "mimi_name"]),
+    (lambda root: (root / "tokenizer_en_fr_audio_8000.model").unlink(),
+     ["tokenizer_en_fr_audio_8000.model", "tokenizer_name"]),
+], ids=["model_type", "dep_q", "n_q", "another_mimi", "no_tokenizer"])
+def test_bad_transcriber_is_refused_naming_file_and_field(tmp_path, capsys, change, names):
+    b = stt_bundle()
+    bad = _bad_copy(tmp_path, change)
+    out = tmp_path / "model"
+    assert main(["export", "--checkpoint", str(b.checkpoint), "--transcriber", str(bad),
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    for name in names:
+        assert name in err, err
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".model")]
+
+
+def test_transcriber_added_to_an_exported_model(tmp_path, run_outputs):
+    """`export --transcriber CK --out DIR` on an export without one: the same transcriber and
+    encoder as the export with both, the rest of the directory untouched."""
+    b = stt_bundle()
+    model = tmp_path / "model"
+    shutil.copytree(plain_model_dir(), model)
+    before = json.loads((model / "manifest.json").read_text())
+    assert main(["export", "--transcriber", str(b.stt_checkpoint), "--out", str(model)]) == 0
+    after = json.loads((model / "manifest.json").read_text())
+    assert "transcriber" in after["contents"] and after["transcriber"]["vad_heads"] == 4
+    assert after["graphs"]["mimi_encoder"]["outputs"][0]["shape"] == [1, 32]
+    for name in ("mimi_decoder", "helium_step", "depformer_step"):
+        assert after["graphs"][name]["sha256"] == before["graphs"][name]["sha256"]
+    work = run_outputs["work"]
+    assert main(["run", "--model", str(model), "--input", str(work / "in.wav"),
+                 "--output", str(tmp_path / "o.wav"), "--user-text-out", str(tmp_path / "u.json"),
+                 "--greedy", "--no-persona"]) == 0
+    assert json.loads((tmp_path / "u.json").read_text()) == run_outputs["user"]
+
+
+def test_verify_checks_the_transcriber_against_its_checkpoint(capsys):
+    b = stt_bundle()
+    assert main(["verify", "--model", str(stt_model_dir()), "--checkpoint", str(b.checkpoint),
+                 "--transcriber", str(b.stt_checkpoint)]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if "transcriber_step" in line]
+    assert any("torch" in line and "full" in line for line in lines), out
+    assert any("signature" in line for line in lines), out
+    # another transcriber checkpoint is named as such
+    other = json.loads((b.stt_checkpoint / "config.json").read_text())
+    assert main(["verify", "--model", str(stt_model_dir()), "--checkpoint", str(b.checkpoint),
+                 "--transcriber", str(plain_stt_copy(b, other))]) == 1
+
+
+def plain_stt_copy(b, config):
+    """The transcriber checkpoint with another context: not the export's."""
+    root = b.workdir / "stt_other"
+    if not root.exists():
+        shutil.copytree(b.stt_checkpoint, root)
+        (root / "config.json").write_text(json.dumps({**config, "context": 30}))
+    return root
+
+
+def test_lockstep_rows_each_hear_their_own_audio(tmp_path):
+    """A model exported with --batch 2: two conversations stepped together (the second joining
+    five frames late, so rows are held too), each row's transcriber tokens those of its own
+    audio - the first row's moshi's own, the second's what a batch-1 model hears."""
+    from personaplex_edge.export.hub import resolve_checkpoint
+    from personaplex_edge.export.model_export import export_model
+    from personaplex_edge.export.transcriber import resolve_transcriber
+    from personaplex_edge.runtime.api import Model
+    from personaplex_edge.runtime.conversation import step_many
+    from personaplex_edge.runtime.persona import Persona
+
+    b = stt_bundle()
+    out = tmp_path / "model_b2"
+    export_model(resolve_checkpoint(str(b.checkpoint)), out, batch=2, progress=lambda s: None,
+                 transcriber=resolve_transcriber(str(b.stt_checkpoint), lambda s: None))
+    other = b.pcm[::-1].copy()  # the other user: the same sounds, backwards
+
+    def frame(pcm, i):
+        return pcm[i * 1920:(i + 1) * 1920]
+
+    single = Model.load(stt_model_dir(), device="cpu")
+    try:
+        conv = single.open_conversation(persona=Persona(enabled=False))
+        conv.prefill()
+        alone = []
+        for i in range(FRAMES - 5):
+            conv.step(frame(other, i))
+            alone.append(conv.heard_token)
+        conv.close()
+    finally:
+        single.close()
+    model = Model.load(out, device="cpu")
+    try:
+        first, second = (model.open_conversation(persona=Persona(enabled=False))
+                         for _ in range(2))
+        assert first.group is second.group and {first.row, second.row} == {0, 1}
+        first.prefill()
+        second.prefill()
+        heard = {first: [], second: []}
+        for i in range(FRAMES):
+            frames = {first: frame(b.pcm, i)}
+            if i >= 5:
+                frames[second] = frame(other, i - 5)
+            step_many(frames)
+            for conv in frames:
+                heard[conv].append(conv.heard_token)
+    finally:
+        model.close()
+    np.testing.assert_array_equal(heard[first], b.reference["text"])
+    assert heard[second] == alone
+
+
+def test_the_transcriber_in_its_own_precision(tmp_path, capsys):
+    """--transcriber-precision int8: the step stored as int8 (MatMulNBits), its weights tied to
+    the checkpoint by verify's spot check, and it runs: a record per input frame."""
+    b = stt_bundle()
+    out = tmp_path / "model_int8"
+    assert main(["export", "--checkpoint", str(b.checkpoint), "--transcriber",
+                 str(b.stt_checkpoint), "--transcriber-precision", "int8", "--out",
+                 str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["graphs"]["transcriber_step"]["precision"] == "int8"
+    assert manifest["graphs"]["helium_step"]["precision"] == "fp32"
+    capsys.readouterr()
+    assert main(["verify", "--model", str(out), "--checkpoint", str(b.checkpoint),
+                 "--transcriber", str(b.stt_checkpoint)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines()
+                if "transcriber_step" in x and "weight rows" in x)
+    assert "int8" in line
+    write_audio(tmp_path / "in.wav", b.pcm)
+    assert main(["run", "--model", str(out), "--input", str(tmp_path / "in.wav"), "--output",
+                 str(tmp_path / "o.wav"), "--user-text-out", str(tmp_path / "u.json"),
+                 "--no-persona"]) == 0
+    assert len(json.loads((tmp_path / "u.json").read_text())) == FRAMES
+
+
+def test_a_transcriber_from_the_hub_by_its_id(tmp_path, monkeypatch, run_outputs):
+    """`--transcriber OWNER/NAME`: Kyutai's layout fetched through huggingface_hub (a hub in
+    memory, tests/fake_hub.py), only the files its config names, then added to an exported
+    model: the same transcriber as from the directory."""
+    import fake_hub
+
+    b = stt_bundle()
+    hub = fake_hub.FakeHub.for_test(monkeypatch, tmp_path)
+    hub.publish_dir("kyutai/stt-tiny-candle", b.stt_checkpoint)
+    model = tmp_path / "model"
+    shutil.copytree(plain_model_dir(), model)
+    assert main(["export", "--transcriber", "kyutai/stt-tiny-candle", "--out", str(model)]) == 0
+    fetched = sorted(p.rsplit("/", 1)[-1] for p in hub.downloads())
+    assert fetched == sorted(["config.json", "model.safetensors", b.stt_config["mimi_name"],
+                              b.stt_config["tokenizer_name"]])
+    manifest = json.loads((model / "manifest.json").read_text())
+    assert manifest["transcriber"]["source"] == "kyutai/stt-tiny-candle"
+    assert manifest["transcriber"]["source_revision"]
+    work = run_outputs["work"]
+    assert main(["run", "--model", str(model), "--input", str(work / "in.wav"),
+                 "--output", str(tmp_path / "o.wav"), "--user-text-out", str(tmp_path / "u.json"),
+                 "--greedy", "--no-persona"]) == 0
+    assert json.loads((tmp_path / "u.json").read_text()) == run_outputs["user"]
