@@ -155,7 +155,8 @@ def test_openai_agents_sdk_calls_the_server_over_webrtc(demo_model_dir, tmp_path
     """OpenAI's Agents SDK for the browser (@openai/agents-realtime's WebRTC transport) as its
     documentation sets it up, with an ek_ key: it connects (it waits for session.updated after
     its own session.update), takes the call's id from Location, its agent's instructions and
-    voice are the call's persona, no error, and the browser hears the answer."""
+    voice are the call's persona, the one error is the transcription this model cannot
+    give, and the browser hears the answer."""
     pytest.importorskip("aiortc", reason="the webrtc extra (scripts/install.sh installs it)")
     sys.path.insert(0, str(Path(__file__).parent / "browser"))
     from webrtc_call import AGENTS_BUNDLE
@@ -172,8 +173,14 @@ def test_openai_agents_sdk_calls_the_server_over_webrtc(demo_model_dir, tmp_path
     r = json.loads((out / "result.json").read_text())
     assert r["error"] is None and r["connected"], r
     assert r["callId"].startswith("rtc_")
+    # the SDK asks for the user's transcription by default and this model has no transcriber:
+    # the protocol's own error naming the field reaches the app, and nothing else goes wrong
+    [sent] = [e for e in r["events"] if e.get("type") == "error"]
+    assert sent["error"]["code"] == "transcription_unavailable"
+    assert sent["error"]["param"] == "session.audio.input.transcription"
+    assert [e["error"] for e in r["errors"]] == [sent], r["errors"]
     kinds = [e.get("type") for e in r["events"]]
-    assert "error" not in kinds and "session.updated" in kinds and "response.created" in kinds
+    assert "session.updated" in kinds and "response.created" in kinds
     updated = [e for e in r["events"] if e.get("type") == "session.updated"][-1]["session"]
     assert updated["instructions"] == "Be brief."
     assert updated["audio"]["output"]["voice"] == "NATM1"

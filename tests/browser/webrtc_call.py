@@ -77,7 +77,7 @@ window.rtc = {events: [], status: null, location: null, streams: null, error: nu
 # OpenAI's Agents SDK for the browser (@openai/agents-realtime, its UMD bundle loaded into the
 # page), its WebRTC transport as its documentation sets it up
 AGENTS_SDK = """
-window.rtc = {events: [], status: null, error: null, connected: false, callId: null};
+window.rtc = {events: [], status: null, error: null, errors: [], connected: false, callId: null};
 (async () => {
   const { RealtimeAgent, RealtimeSession, OpenAIRealtimeWebRTC } = OpenAIAgentsRealtime;
   const agent = new RealtimeAgent({ name: "Assistant", instructions: "Be brief." });
@@ -87,7 +87,8 @@ window.rtc = {events: [], status: null, error: null, connected: false, callId: n
     config: { audio: { output: { voice: "NATM1" } } },
   });
   session.on("transport_event", (e) => rtc.events.push(e));
-  session.on("error", (e) => { rtc.error = String(e.error || e); });
+  // what the SDK hands its app as errors, kept whole to be told apart
+  session.on("error", (e) => rtc.errors.push(JSON.parse(JSON.stringify(e))));
   await session.connect({ apiKey: %(key)s });
   rtc.connected = true;
   rtc.callId = transport.callId;
@@ -137,7 +138,8 @@ async def scene(srv, seconds: float, code: str = QUICKSTART) -> dict:
                     for s in list(srv.state.sessions) if s.params]
         rtc = await page.evaluate("({events: rtc.events, status: rtc.status, location: "
                                   "rtc.location, streams: rtc.streams, error: rtc.error, "
-                                  "connected: rtc.connected, callId: rtc.callId})")
+                                  "errors: rtc.errors, connected: rtc.connected, "
+                                  "callId: rtc.callId})")
         await page.evaluate("rtc.pc.close()")  # hang up, as a page does
         t0 = time.monotonic()
         wait_until(lambda: srv.state.slots_used == 0, 5)
