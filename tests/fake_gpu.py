@@ -357,6 +357,7 @@ class _Profile:
 class _Input:
     def __init__(self, name, shape):
         self.name, self.shape = name, shape
+        self.is_shape_tensor = False  # the tests' graphs feed no shape computation
 
 
 class _Network:
@@ -459,6 +460,9 @@ def tensorrt_runtime(model_dir: Path, open_engine) -> types.ModuleType:
     trt = types.ModuleType("tensorrt")
     trt.__version__ = SIMULATED_TRT_VERSION
     trt.Logger = type("Logger", (), {"WARNING": 2, "__init__": lambda self, level=2: None})
+    trt.ILogger = type("ILogger", (), {"__init__": lambda self: None, "Severity": types.
+                                       SimpleNamespace(ERROR=_Enum("ERROR"),
+                                                       WARNING=_Enum("WARNING"))})
     trt.TensorIOMode = types.SimpleNamespace(INPUT=_Enum("INPUT"), OUTPUT=_Enum("OUTPUT"))
     trt.TensorLocation = types.SimpleNamespace(DEVICE=_Enum("DEVICE"), HOST=_Enum("HOST"))
 

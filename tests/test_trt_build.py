@@ -199,19 +199,18 @@ def test_simulated_gpu_engines_command(simulated, capsys):
     assert "has no graph helium; its graphs: mimi_encoder" in err and "Traceback" not in err
 
 
-def test_without_tensorrt_the_engines_command_is_one_message(tiny_fp32, capsys):
-    """No TensorRT here: one message naming the extras, exit 2, and the directory untouched."""
-    try:
-        import tensorrt  # noqa: F401
-        pytest.skip("TensorRT is installed")
-    except (ImportError, OSError):
-        pass
+def test_without_tensorrt_the_engines_command_is_one_message(tiny_fp32, capsys, monkeypatch):
+    """Neither TensorRT importable: one message naming both install lines, exit 2, and the
+    directory untouched."""
     from personaplex_edge.cli import main
 
+    for module in ("tensorrt", "tensorrt_rtx"):
+        monkeypatch.setitem(sys.modules, module, None)  # import fails as if not installed
     before = _tree(tiny_fp32)
     assert main(["engines", "--model", str(tiny_fp32)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "personaplex-edge[trt-cu12]" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "pip install 'personaplex-edge[rtx]'" in err and "personaplex-edge[trt-cu12]" in err
     assert _tree(tiny_fp32) == before
 
 
