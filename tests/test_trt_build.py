@@ -2,8 +2,9 @@
 
 Everything here is host-side plumbing on the simulated GPU (tests/fake_gpu.py): which calls the
 build makes of TensorRT's documented Python API, what it records, what it says, and what it
-leaves on disk when a build fails. TensorRT itself - whether it parses and builds these graphs,
-and how large its engines really are - only a GPU machine can show (scripts/gpu_check.sh).
+leaves on disk when a build fails. Whether TensorRT parses and builds these graphs, and how large
+its engines really are, test_rtx_engines.py shows with the real TensorRT for RTX (no GPU
+needed); mainline TensorRT's own builds only a GPU machine can show (scripts/gpu_check.sh).
 """
 
 from __future__ import annotations
