@@ -93,6 +93,7 @@ class EngineSpec:
     weight_bytes: int = 0  # the weight bytes the graph holds, for the engine-size check
     library: str = "tensorrt"  # "tensorrt" (mainline) or "tensorrt-rtx" (TensorRT for RTX)
     targets: tuple[str, ...] = ()  # TensorRT for RTX: the compute capabilities, "8.6", "12.0"
+    weightless: bool = False  # no weights in the plan: refit from the graph's ONNX when loaded
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "targets": list(self.targets)}  # as JSON gives it back
@@ -103,4 +104,4 @@ class EngineSpec:
                    d.get("device_name", "?"), d.get("precision", "?"),
                    float(d.get("build_seconds", 0.0)), int(d.get("device_memory", 0)),
                    int(d.get("weight_bytes", 0)), d.get("library", "tensorrt"),
-                   tuple(str(cc) for cc in d.get("targets", ())))
+                   tuple(str(cc) for cc in d.get("targets", ())), bool(d.get("weightless")))

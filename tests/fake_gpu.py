@@ -35,6 +35,7 @@ import numpy as np
 SIMULATED_TRT_VERSION = "10.999.0.simulated"  # parses like a real one: major 10
 SIMULATED_RTX_VERSION = "1.7.999.simulated"
 RTX_HEADER = 256  # the simulated engine_header_size: the plan's first two lines fit in it
+WEIGHTLESS = b"weightless\n"  # a line of a simulated plan built with STRIP_PLAN
 ALIGN = 256  # cudaMalloc's alignment, and what setTensorAddress demands
 
 _DTYPES = {"FLOAT": np.float32, "HALF": np.float16, "INT64": np.int64, "INT32": np.int32,
@@ -224,7 +225,7 @@ class _Context:
         bound = dict(self.addresses)  # the addresses at enqueue time, as TensorRT records them
         missing = set(self.engine.tensors) - set(bound)
         shapes = dict(self.shapes)
-        if missing or any(-1 in shape for shape in shapes.values()):
+        if missing or any(-1 in shape for shape in shapes.values()) or self.engine.needs_refit:
             return False
         self.engine.launch(self, bound, shapes, stream)
         return True
@@ -233,6 +234,8 @@ class _Context:
 class _Engine:
     """An engine that is an onnxruntime CPU session; `launch` queues one run of it on the
     simulated stream (a subclass over real device memory replaces launch)."""
+
+    needs_refit = False  # a weightless engine's, until refit
 
     def __init__(self, onnx_path: Path, cuda: FakeCuda | None):
         self.cuda = cuda
@@ -417,7 +420,8 @@ def _builder_api(trt, cuda: FakeCuda) -> None:
     trt.NetworkDefinitionCreationFlag = types.SimpleNamespace(
         EXPLICIT_BATCH=_IntEnum("EXPLICIT_BATCH", 0), STRONGLY_TYPED=_IntEnum("STRONGLY_TYPED", 1))
     trt.BuilderFlag = types.SimpleNamespace(**{n: _IntEnum(n, i) for i, n in enumerate(
-        ("FP16", "BF16", "INT8", "FP8", "INT4", "TF32", "REFIT"))})
+        ("FP16", "BF16", "INT8", "FP8", "INT4", "TF32", "REFIT", "REFIT_IDENTICAL",
+         "STRIP_PLAN"))})
     trt.MemoryPoolType = types.SimpleNamespace(WORKSPACE=_IntEnum("WORKSPACE", 0))
     device = cuda.cudaGetDeviceProperties(0)[1].name.decode()
     trt.builds = []  # (network, config) of each build, for the tests to inspect
@@ -453,6 +457,10 @@ def _builder_api(trt, cuda: FakeCuda) -> None:
             if trt.__name__ == "tensorrt_rtx":
                 assert None not in config.targets and config.targets, "no build targets"
                 header += rtx_header(trt.__version__, [c.name for c in config.targets])
+            if trt.BuilderFlag.STRIP_PLAN in config.flags:
+                refit = "REFIT" if trt.__name__ == "tensorrt_rtx" else "REFIT_IDENTICAL"
+                assert getattr(trt.BuilderFlag, refit) in config.flags, "STRIP_PLAN alone"
+                header += WEIGHTLESS
             return memoryview(header + bytes(trt.plan_padding(graph)))
 
     class OnnxParser:
@@ -603,11 +611,34 @@ def tensorrt_runtime(model_dir: Path, open_engine, rtx: bool = False,
             trt.deserialized.append(name)
             engine = open_engine(model_dir / name)
             engine.path = name
+            engine.needs_refit = WEIGHTLESS in bytes(memoryview(serialized_engine))
             if rtx:
                 engine.create_runtime_config = trt.RuntimeConfig
             return engine
 
-    trt.Runtime = Runtime
+    class Refitter:
+        def __init__(self, engine, logger):
+            self.engine, self.weights_from = engine, None
+
+        def refit_cuda_engine(self):
+            if self.weights_from != self.engine.path:
+                return False
+            trt.refits.append(self.weights_from)
+            self.engine.needs_refit = False
+            return True
+
+    class OnnxParserRefitter:
+        def __init__(self, refitter, logger):
+            self.refitter = refitter
+
+        def refit_from_file(self, model):
+            if not Path(model).is_file():
+                return False
+            self.refitter.weights_from = Path(model).name
+            return True
+
+    trt.Runtime, trt.Refitter, trt.OnnxParserRefitter = Runtime, Refitter, OnnxParserRefitter
+    trt.refits = []  # the graph each weightless engine was refit from
     trt.deserialized = []  # the graph of every engine deserialised
     if rtx:
         _rtx_runtime_api(trt, cuda)

@@ -171,7 +171,8 @@ def test_a_user_exports_and_builds_rtx_engines_from_the_command_line(tiny_fp32, 
     the four engines in the same run (--library auto finds it); the pair the say path links on
     the device agrees in TensorRT's own eyes (each tensor the depformer reads from Helium has,
     in the parsed networks, the dtype and shape Helium writes); `engines --model DIR --targets`
-    rebuilds one for other GPUs; fp8 asked for a target below 8.9 is one message, exit 2,
+    rebuilds one for other GPUs; weightless engines, which TensorRT for RTX builds only on a
+    machine with a GPU, and fp8 asked for a target below 8.9 are one message each, exit 2,
     nothing written."""
     from personaplex_edge.cli import main
     from personaplex_edge.contract import HIDDEN, TEXT_TOKEN
@@ -204,6 +205,10 @@ def test_a_user_exports_and_builds_rtx_engines_from_the_command_line(tiny_fp32, 
                  "--targets", "8.9,12.1"]) == 0
     assert "engines for depformer_step" in capsys.readouterr().out
     _check_engines(out, ["depformer_step"], ("8.9", "12.1"))
+
+    assert main(["engines", "--model", str(out), "--weightless"]) == 2  # no GPU here
+    err = capsys.readouterr().err
+    assert "--weightless: TensorRT for RTX" in err and "only on a machine with an NVIDIA GPU" in err
 
     fp8 = _convert(tiny_fp32, tmp_path / "fp8", "fp8")
     before = sorted(p.name for p in fp8.iterdir())

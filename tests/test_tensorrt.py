@@ -852,6 +852,39 @@ def test_simulated_rtx_gpu_refuses_a_damaged_or_unfit_engine_and_rebuilds_a_fore
         load_graphs(model, manifest, ["helium_step"], "cuda")
 
 
+def test_simulated_rtx_gpu_weightless_engines_are_refit_from_the_graphs(simulated_rtx, capsys,
+                                                                       monkeypatch):
+    """`engines --weightless` (on a machine with a GPU) builds engines without their weights
+    (STRIP_PLAN and REFIT), recorded so; loading one refits it from the model's own ONNX graph
+    before it runs, and one that cannot be refit is refused, naming the graph."""
+    from lm_probe import GreedyLM
+
+    from personaplex_edge.cli import main
+    from personaplex_edge.runtime.backends.trt import TrtEngine
+
+    model, _ = simulated_rtx
+    trt = sys.modules["tensorrt_rtx"]
+    assert main(["engines", "--model", str(model), "--graphs", "helium_step,depformer_step",
+                 "--weightless"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("weightless, refit from the graph when loaded") == 2, out
+    manifest = load_model_dir(model)
+    assert [manifest.graphs[n].engine["weightless"] for n in manifest.graphs] == [
+        False, False, True, True]
+    for _, config in trt.builds:
+        assert {trt.BuilderFlag.STRIP_PLAN, trt.BuilderFlag.REFIT} <= config.flags
+    user = np.random.default_rng(2).integers(0, 2048, (12, 8))
+    cpu = GreedyLM(model, dataclasses.replace(manifest, backend="onnx"), device="cpu",
+                   threads=1).run(user)
+    np.testing.assert_array_equal(GreedyLM(model, manifest, lm=_lm(model, manifest)).run(user)
+                                  .tokens, cpu.tokens)
+    assert trt.refits == ["helium_step.onnx", "depformer_step.onnx"]
+    monkeypatch.setattr(trt.OnnxParserRefitter, "refit_from_file", lambda self, path: False)
+    with pytest.raises(ModelDirError, match="depformer_step.engine is weightless and could not "
+                                            "be refit: depformer_step.onnx does not hold"):
+        TrtEngine(model, manifest, manifest.graphs["depformer_step"])
+
+
 def test_simulated_gpu_ort_cuda_checks_its_graph_and_its_one_captured_conversation(simulated):
     """Host-side plumbing on the simulated GPU (onnxruntime CPU behind a stand-in CUDA
     session): OrtCudaModelGraph refuses a graph whose signature disagrees with the manifest,

@@ -27,6 +27,10 @@ def add_build_flags(p) -> None:
                    help="with TensorRT for RTX: the compute capabilities to build for, of "
                         f"{', '.join(RTX_TARGETS)} (default: 8.6, 8.9 and 12.0 - RTX 30, 40, "
                         "50 - less those the precision needs newer for: fp8 8.9+)")
+    p.add_argument("--weightless", action="store_true",
+                   help="engines without their weights, refit from the model's ONNX graphs "
+                        "when loaded: a published model then carries its weights once, not "
+                        "twice (needs a GPU where they are built)")
 
 
 def targets(args) -> list[str] | None:
@@ -65,7 +69,7 @@ def run(args) -> int:
     manifest = rebuild_engines(model_dir, graphs=graphs, timing_cache=args.timing_cache,
                                workspace_bytes=int(args.workspace_gb * 2**30)
                                if args.workspace_gb else None, library=args.library,
-                               targets=targets(args))
+                               targets=targets(args), weightless=args.weightless)
     built = [n for n, g in manifest.graphs.items() if g.engine and (not graphs or n in graphs)]
     print(f"{args.model}: engines for {', '.join(built)} in {time.perf_counter() - t0:.1f} s")
     return 0
@@ -81,6 +85,6 @@ def export_builder(args, precisions: list[str]):
 
     from .trt_build import build_engines, build_setup
 
-    setup = build_setup(precisions, args.library, targets(args))
+    setup = build_setup(precisions, args.library, targets(args), args.weightless)
     print(f"engines will be built with {setup.describe()}")
     return functools.partial(build_engines, setup=setup)

@@ -80,6 +80,12 @@ class TrtEngine:
         if self.engine is None:
             raise ModelDirError(f"{self.lib.title} could not load {path} (see its log above); "
                                 "rebuild the engines on this machine")
+        if spec.weightless:  # its weights are the graph's, read back in now
+            failed = self.lib.refit(self.engine, model_dir / entry.file, self._logger)
+            if failed:
+                raise ModelDirError(f"{path} is weightless and could not be refit: {failed}. "
+                                    + REBUILD.format(model_dir=model_dir)[0].upper()
+                                    + REBUILD.format(model_dir=model_dir)[1:])
         self._check_signature()
         self._jit = RuntimeCache(self.lib, spec.sha256, info.name)
 

@@ -29,6 +29,14 @@ with those bytes, which tells whether TensorRT kept quantised weights quantised 
 back to float16. Mainline TensorRT's builds are slow (tactic timing), so a timing cache is kept
 per GPU type and TensorRT version and reused by later builds. A failed parse or build is one
 EngineBuildError carrying TensorRT's own messages.
+
+Weightless engines (`weightless`, --weightless: STRIP_PLAN and the refit each library documents)
+hold no weights: the runtime refits them from the model's own ONNX graphs when it loads them
+(trt.py), so a model published with its engines carries its weights once, not twice - an
+engine is its weights plus a few MB (the 7B's int4 Helium: 4.0 GB beside 4.0 GB of graph
+weights). The price is a read of the weights at every load, and TensorRT for RTX 1.7 builds
+refittable engines only on a machine with a GPU (without one its builder fails inside): so they
+are asked for, never the default; engines built without a GPU keep their weights.
 """
 
 from __future__ import annotations
@@ -84,22 +92,25 @@ class BuildSetup:
     lib: Library
     targets: tuple[str, ...]
     device: object | None = None  # cuda_runtime.DeviceInfo, mainline only
+    weightless: bool = False  # engines without their weights, refit from the graphs on load
 
     def describe(self) -> str:
+        kind = "weightless engines, " if self.weightless else ""
         if self.device is None:
-            return (f"{self.lib.title}, compute capabilities {', '.join(self.targets)} (no GPU "
-                    "needed to build)")
+            return (f"{kind}{self.lib.title}, compute capabilities {', '.join(self.targets)}"
+                    + ("" if self.weightless else " (no GPU needed to build)"))
         d = self.device
-        return (f"{d.name} (sm {d.compute_capability}, {d.total_memory / 2**30:.0f} GiB), "
+        return (f"{kind}{d.name} (sm {d.compute_capability}, {d.total_memory / 2**30:.0f} GiB), "
                 f"{self.lib.title}")
 
 
 def build_setup(precisions: Iterable[str] = (), library: str | None = None,
-          targets: Iterable[str] | None = None) -> BuildSetup:
+                targets: Iterable[str] | None = None,
+                weightless: bool = False) -> BuildSetup:
     """Checks that engines of `precisions` can be built here - the library (`library`: "auto",
-    "tensorrt", "rtx"), onnx, for mainline TensorRT a CUDA GPU, every precision on every
-    target - before an export spends an hour on the graphs. Raises PersonaPlexError naming the
-    fix."""
+    "tensorrt", "rtx"), onnx, for mainline TensorRT (and weightless engines) a CUDA GPU, every
+    precision on every target - before an export spends an hour on the graphs. Raises
+    PersonaPlexError naming the fix."""
     library = library or "auto"
     if library not in CHOICES:
         raise EngineBuildError(f"--library {library}: choose one of {', '.join(CHOICES)}")
@@ -107,16 +118,34 @@ def build_setup(precisions: Iterable[str] = (), library: str | None = None,
     _onnx()
     asked = tuple(targets) if targets else None
     if lib.rtx:
-        return BuildSetup(lib, build_targets(lib, precisions, asked))
+        setup = BuildSetup(lib, build_targets(lib, precisions, asked), weightless=weightless)
+        if weightless:
+            _gpu_for_weightless(lib)
+        return setup
     if asked:  # refused before the GPU is looked for
         build_targets(lib, precisions, asked)
     info = _device()
-    return BuildSetup(lib, build_targets(lib, precisions, gpu_cc=info.compute_capability), info)
+    return BuildSetup(lib, build_targets(lib, precisions, gpu_cc=info.compute_capability), info,
+                      weightless)
+
+
+def _gpu_for_weightless(lib: Library) -> None:
+    """TensorRT for RTX compiles refittable weights on a GPU even ahead of time (1.7: without
+    one its builder fails inside, expecting CUDA_SUCCESS), so a weightless build without a GPU
+    is refused before it starts."""
+    from .cuda_runtime import CudaError
+
+    try:
+        _device()
+    except CudaError as e:
+        raise EngineBuildError(f"--weightless: {lib.title} builds weightless (refittable) "
+                               f"engines only on a machine with an NVIDIA GPU ({e}); build "
+                               "them there, or build engines with their weights here") from None
 
 
 def preflight(precisions: Iterable[str] = (), library: str | None = None,
               targets: Iterable[str] | None = None) -> str:
-    """`setup`, described in one line (what the export prints before it starts)."""
+    """`build_setup`, described in one line (what the export prints before it starts)."""
     return build_setup(precisions, library, targets).describe()
 
 
@@ -168,10 +197,12 @@ def graph_weight_bytes(path: Path) -> WeightBytes:
     return WeightBytes(stored, widened)
 
 
-def weights_verdict(engine_bytes: int, weights: WeightBytes) -> str:
+def weights_verdict(engine_bytes: int, weights: WeightBytes, weightless: bool = False) -> str:
     """What the engine's size says about its weights (a phrase for the build's output)."""
     mb = 1e6
     sizes = (f"engine {engine_bytes / mb:.1f} MB, graph weights {weights.stored / mb:.1f} MB")
+    if weightless:
+        return sizes + ": weightless, refit from the graph when loaded"
     if weights.as_float16 == weights.stored:
         return sizes
     sizes += f" quantised / {weights.as_float16 / mb:.1f} MB as float16"
@@ -274,6 +305,9 @@ def _serialize(setup: BuildSetup, onnx_path: Path, precision: str, cache_path: P
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)
     if precision == "fp32" and hasattr(trt.BuilderFlag, "TF32"):
         config.clear_flag(trt.BuilderFlag.TF32)
+    if setup.weightless:
+        for flag in setup.lib.weightless_flags():
+            config.set_flag(flag)
     setup.lib.set_targets(config, setup.targets)
     profile = _profile(trt, builder, network, max_frames)
     if profile is not None:
@@ -328,12 +362,13 @@ def build_engine(onnx_path: Path, engine_path: Path, precision: str,
     weights = graph_weight_bytes(onnx_path)
     size = engine_path.stat().st_size
     progress(f"  {engine_path.name}: built in {seconds:.0f} s for {setup.describe()}; "
-             + weights_verdict(size, weights))
+             + weights_verdict(size, weights, setup.weightless))
     d = setup.device
     return EngineSpec(engine_path.name, sha256_file(engine_path), lib.version,
                       d.compute_capability if d else "", d.name if d else "", precision,
                       round(seconds, 1), device_memory=d.total_memory if d else 0,
-                      weight_bytes=weights.stored, library=lib.name, targets=setup.targets)
+                      weight_bytes=weights.stored, library=lib.name, targets=setup.targets,
+                      weightless=setup.weightless)
 
 
 def _build_each(model_dir: Path, manifest: Manifest, names: list[str], into: Path,
@@ -460,7 +495,7 @@ def _max_frames(manifest: Manifest) -> int:
 def rebuild_engines(model_dir: str | Path, graphs: list[str] | None = None,
                     timing_cache: Path | None = None, workspace_bytes: int | None = None,
                     progress: Progress = print, library: str | None = None,
-                    targets: Iterable[str] | None = None) -> Manifest:
+                    targets: Iterable[str] | None = None, weightless: bool = False) -> Manifest:
     """Builds (or rebuilds) the engines of an exported model directory - with mainline TensorRT
     for this machine's GPU, or with TensorRT for RTX for its targets (`library`, `targets`:
     build_setup) - through a staging copy of it: the directory changes in one rename when every
@@ -475,7 +510,8 @@ def rebuild_engines(model_dir: str | Path, graphs: list[str] | None = None,
     if unknown:
         raise EngineBuildError(f"{model_dir} has no graph {', '.join(unknown)}; its graphs: "
                                + ", ".join(manifest.graphs))
-    setup = build_setup([manifest.graphs[n].precision for n in names], library, targets)
+    setup = build_setup([manifest.graphs[n].precision for n in names], library, targets,
+                        weightless)
     if not writable_dir(model_dir):
         from .cuda_runtime import CudaError
 

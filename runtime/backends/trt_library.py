@@ -106,6 +106,23 @@ class Library:
     def timing_cache(self) -> bool:
         return not self.rtx
 
+    def weightless_flags(self) -> list:
+        """A weightless engine (trt_build.py): no weights in the plan (STRIP_PLAN), refittable
+        from the same ONNX graph with the refit each library documents for it."""
+        names = ("STRIP_PLAN", "REFIT") if self.rtx else ("STRIP_PLAN", "REFIT_IDENTICAL")
+        return [getattr(self.trt.BuilderFlag, n) for n in names]
+
+    def refit(self, engine, onnx_path: Path, logger) -> str | None:
+        """Puts a weightless engine's weights back from its ONNX graph (and the graph's
+        external data beside it); why not, or None when done."""
+        trt = self.trt
+        refitter = trt.Refitter(engine, logger)
+        if not trt.OnnxParserRefitter(refitter, logger).refit_from_file(str(onnx_path)):
+            return f"{onnx_path.name} does not hold the weights the engine was built from"
+        if not refitter.refit_cuda_engine():
+            return "TensorRT could not refit the engine (see its log above)"
+        return None
+
 
 def load_library(name: str | None = None) -> Library:
     """The library `name` (MAINLINE, RTX; None: mainline TensorRT where it is installed, else
