@@ -490,14 +490,14 @@ def test_simulated_gpu_device_memory_is_freed_by_close_and_by_dropping_a_model(s
 
 
 def test_simulated_gpu_gpu_check_stages(simulated, tmp_path, monkeypatch):
-    """Host-side plumbing on the simulated GPU: scripts/gpu_check.py's TensorRT stages - engine build, eager and captured LM frames,
+    """Host-side plumbing on the simulated GPU: scripts/gpu/gpu_check.py's TensorRT stages - engine build, eager and captured LM frames,
     codec - on the simulated GPU: each prints ms/frame and compares with onnxruntime CPU
     (agreement 100 % here: the simulated engines are onnxruntime CPU sessions)."""
     import importlib.util
 
     model, _ = simulated
     monkeypatch.setenv("PERSONAPLEX_CACHE", str(tmp_path / "cache"))
-    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "gpu_check.py"
     spec = importlib.util.spec_from_file_location("gpu_check_under_test", path)
     gpu_check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_check)
@@ -889,7 +889,7 @@ def test_simulated_gpu_ort_cuda_checks_its_graph_and_its_one_captured_conversati
     """Host-side plumbing on the simulated GPU (onnxruntime CPU behind a stand-in CUDA
     session): OrtCudaModelGraph refuses a graph whose signature disagrees with the manifest,
     as the other backends do, and with cuda_graph serves one conversation only."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "gpu"))
     from standin_engine import cuda_sessions
 
     from personaplex_edge.manifest import TensorSpec
