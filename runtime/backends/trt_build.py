@@ -279,9 +279,35 @@ def shape_inputs(network) -> list[str]:
     return [t.name for t in inputs if t.is_shape_tensor]
 
 
+def _write_plan(trt, builder, network, config, out: Path) -> bool:
+    """Builds the plan into the file `out`. Where the library can (TensorRT for RTX, mainline
+    TensorRT 10.x's later releases), straight to the file through a stream writer, so the plan
+    is never whole in host memory: measured at the 7B's width (one layer, fp16 Helium of 1.2
+    GB), the build's anonymous memory peaks at 1.6 GB instead of 2.6 GB; for the 7B's fp16
+    Helium (14.5 GB) that is ~16 GB instead of ~30 GB."""
+    with open(out, "wb") as f:
+        if hasattr(builder, "build_serialized_network_to_stream"):
+            class FileWriter(trt.IStreamWriter):
+                def __init__(self):
+                    trt.IStreamWriter.__init__(self)
+
+                def write(self, data) -> int:
+                    view = memoryview(data)
+                    f.write(view)
+                    return view.nbytes
+
+            return bool(builder.build_serialized_network_to_stream(network, config,
+                                                                   FileWriter()))
+        plan = builder.build_serialized_network(network, config)
+        if plan is None:
+            return False
+        f.write(memoryview(plan))
+        return True
+
+
 def _serialize(setup: BuildSetup, onnx_path: Path, precision: str, cache_path: Path | None,
-               workspace_bytes: int | None, progress: Progress, max_frames: int = 1):
-    """Parses the graph and builds its plan; returns (plan, config, seconds)."""
+               workspace_bytes: int | None, progress: Progress, out: Path, max_frames: int = 1):
+    """Parses the graph and builds its plan into the file `out`; returns (config, seconds)."""
     trt = setup.lib.trt
     log = _captured_log(trt)
     builder = trt.Builder(log)
@@ -315,12 +341,13 @@ def _serialize(setup: BuildSetup, onnx_path: Path, precision: str, cache_path: P
     if cache_path is not None:
         _timing_cache(trt, config, cache_path, progress)
     t0 = time.perf_counter()
-    plan = builder.build_serialized_network(network, config)
+    built = _write_plan(trt, builder, network, config, out)
     seconds = time.perf_counter() - t0
-    if plan is None:
+    if not built:
+        out.unlink(missing_ok=True)
         raise EngineBuildError(f"{setup.lib.title} could not build an engine for "
                                f"{onnx_path.name}:\n  {log.message()}")
-    return plan, config, seconds
+    return config, seconds
 
 
 def build_engine(onnx_path: Path, engine_path: Path, precision: str,
@@ -340,13 +367,10 @@ def build_engine(onnx_path: Path, engine_path: Path, precision: str,
     if lib.timing_cache:
         cache_path = timing_cache or default_timing_cache(lib.version,
                                                           setup.device.compute_capability)
+    tmp = engine_path.parent / f".{engine_path.name}.partial"
     try:
-        plan, config, seconds = _serialize(setup, onnx_path, precision, cache_path,
-                                           workspace_bytes, progress, max_frames)
-        tmp = engine_path.parent / f".{engine_path.name}.partial"
-        with open(tmp, "wb") as f:
-            f.write(memoryview(plan))
-        del plan  # the plan of a 7B graph is GBs of host memory
+        config, seconds = _serialize(setup, onnx_path, precision, cache_path, workspace_bytes,
+                                     progress, tmp, max_frames)
         os.replace(tmp, engine_path)  # replaces (never rewrites) a hard-linked old engine
         if cache_path is not None:
             cache_path.parent.mkdir(parents=True, exist_ok=True)
@@ -354,8 +378,10 @@ def build_engine(onnx_path: Path, engine_path: Path, precision: str,
             cache_tmp.write_bytes(memoryview(config.get_timing_cache().serialize()))
             os.replace(cache_tmp, cache_path)
     except PersonaPlexError:
+        tmp.unlink(missing_ok=True)
         raise
     except (RuntimeError, TypeError, ValueError, AttributeError, OSError) as e:
+        tmp.unlink(missing_ok=True)
         # TensorRT's bindings raise plain Python errors; the user gets one line, not a trace
         raise EngineBuildError(f"building {engine_path.name} failed: {type(e).__name__}: "
                                f"{e}") from e
