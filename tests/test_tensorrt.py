@@ -885,6 +885,27 @@ def test_simulated_rtx_gpu_weightless_engines_are_refit_from_the_graphs(simulate
         TrtEngine(model, manifest, manifest.graphs["depformer_step"])
 
 
+def test_with_both_libraries_installed_a_model_runs_on_the_one_that_built_it(simulated_rtx,
+                                                                           monkeypatch):
+    """Mainline TensorRT and TensorRT for RTX side by side on an RTX card: a model's RTX
+    engines are run by TensorRT for RTX; a model without engines gets the default, mainline;
+    on a GPU TensorRT for RTX does not run on, mainline again."""
+    import fake_gpu
+
+    from personaplex_edge.runtime.backends.trt_build import runtime_library
+
+    model, cuda = simulated_rtx
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_gpu.fake_tensorrt(cuda, model))
+    manifest = load_model_dir(model)
+    names = list(manifest.graphs)
+    assert runtime_library(manifest, names).name == "tensorrt-rtx"
+    bare = dataclasses.replace(manifest, graphs={n: dataclasses.replace(g, engine=None)
+                                                 for n, g in manifest.graphs.items()})
+    assert runtime_library(bare, names).name == "tensorrt"
+    cuda.compute_capability = "9.0"
+    assert runtime_library(manifest, names).name == "tensorrt"
+
+
 def test_simulated_gpu_ort_cuda_checks_its_graph_and_its_one_captured_conversation(simulated):
     """Host-side plumbing on the simulated GPU (onnxruntime CPU behind a stand-in CUDA
     session): OrtCudaModelGraph refuses a graph whose signature disagrees with the manifest,
