@@ -27,15 +27,21 @@ from personaplex_edge.runtime.backends.trt_engine import check_compatible, engin
 
 
 def _gpu_reason() -> str | None:
-    """None when CUDA (through cuda-python) and TensorRT are usable, else why not."""
-    try:
-        import tensorrt  # noqa: F401
-    except (ImportError, OSError) as e:  # OSError: installed, but its libraries do not load
-        return f"TensorRT's Python bindings are not usable (pip install tensorrt-cu12): {e}"
-    from personaplex_edge.runtime.backends.cuda_runtime import gpu_available
+    """None when CUDA (through cuda-python) and a TensorRT (mainline, or TensorRT for RTX on an
+    RTX card) are usable, else why not."""
+    from personaplex_edge.errors import PersonaPlexError
+    from personaplex_edge.runtime.backends.cuda_runtime import device_info, gpu_available
+    from personaplex_edge.runtime.backends.trt_library import load_library, unsupported_gpu
 
     ok, why = gpu_available()
-    return None if ok else f"no usable CUDA device: {why}"
+    if not ok:
+        return f"no usable CUDA device: {why}"
+    try:
+        info = device_info(0)
+        unsupported_gpu(load_library(None), info.compute_capability, info.name)
+    except PersonaPlexError as e:
+        return f"no TensorRT for this GPU: {e}"
+    return None
 
 
 needs_gpu = pytest.mark.skipif(_gpu_reason() is not None, reason=str(_gpu_reason()))
@@ -620,11 +626,12 @@ def test_engine_of_another_gpu_is_refused_at_load(tiny_fp16_engines, tmp_path):
     model = tmp_path / "m"
     shutil.copytree(tiny_fp16_engines / "fp16", model)
     data = json.loads((model / MANIFEST).read_text())
-    data["graphs"]["depformer_step"]["engine"]["compute_capability"] = "1.0"
+    # another GPU's engine, of either library
+    data["graphs"]["depformer_step"]["engine"].update(compute_capability="1.0", targets=["1.0"])
     (model / MANIFEST).write_text(json.dumps(data))
     manifest = load_model_dir(model)
     entry = manifest.graphs["depformer_step"]
-    with pytest.raises(ModelDirError, match="compute capability 1.0"):
+    with pytest.raises(ModelDirError, match="compute capabilit(y|ies) 1.0"):
         TrtEngine(model, manifest, entry).bind()
 
 
