@@ -206,7 +206,15 @@ def test_a_user_exports_and_builds_rtx_engines_from_the_command_line(tiny_fp32, 
     assert "engines for depformer_step" in capsys.readouterr().out
     _check_engines(out, ["depformer_step"], ("8.9", "12.1"))
 
-    assert main(["engines", "--model", str(out), "--weightless"]) == 2  # no GPU here
+    import fake_gpu
+
+    from personaplex_edge.runtime.backends import cuda_runtime
+
+    gpuless = fake_gpu.FakeCuda()  # a machine without a GPU, whatever this one has
+    gpuless.cudaGetDeviceCount = lambda: (gpuless.cudaError_t.cudaErrorNoDevice, 0)
+    with monkeypatch.context() as m:
+        m.setattr(cuda_runtime, "cudart", lambda: gpuless)
+        assert main(["engines", "--model", str(out), "--weightless"]) == 2
     err = capsys.readouterr().err
     assert "--weightless: TensorRT for RTX" in err and "only on a machine with an NVIDIA GPU" in err
 
