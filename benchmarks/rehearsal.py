@@ -2,7 +2,7 @@
 
     python benchmarks/rehearsal.py [--work DIR] [--frames 20] [--threads N] [--json out.json]
                                    [--recipes cpu,gpu,rtx] [--keep] [--baseline REV]
-                                   [--layers N]
+                                   [--layers N] [--build-memory-gb G]
 
 Steps, each in a process of its own (its peak resident size is its own VmHWM):
 
@@ -20,10 +20,10 @@ Steps, each in a process of its own (its peak resident size is its own VmHWM):
                int4 + int8 recipe exported for TensorRT (export rtx int4), then each graph's
                engine in a process of its own (engines --library rtx --graphs G); then the same
                for the fp16 export (export gpu; the checkpoint deleted first where nothing
-               later needs it). A build the machine cannot hold is killed by the kernel: it is
-               reported as such, with the peak its process had reached (on a shared machine,
-               run the rehearsal under a memory cap, e.g. a cgroup's, so that it is the one
-               killed)
+               later needs it). A build is stopped when its anonymous memory passes
+               --build-memory-gb (on a shared machine: what it may take), or killed by the
+               kernel where the machine cannot hold it; either is reported, with the peak
+               its process had reached and when
   baseline     with --baseline REV: export cpu again with the project at git revision REV
                (installed under --work), side by side (its float32 scratch needs ~31 GB more)
 
@@ -50,6 +50,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -149,28 +150,44 @@ class DiskPeak:
 
 
 class StepFailed(SystemExit):
-    """A step's process ended without its report: killed (for memory, exit -9) or crashed."""
+    """A step's process ended without its report: stopped at the memory it may take, killed
+    (for memory, exit -9) or crashed."""
 
-    def __init__(self, name: str, returncode: int, peak_anon: int):
-        self.returncode, self.peak_anon = returncode, peak_anon
-        how = "killed (SIGKILL: out of memory?)" if returncode == -9 else f"exit {returncode}"
+    def __init__(self, name: str, returncode: int, peak_anon: int, seconds: float,
+                 stopped: bool = False):
+        self.returncode, self.peak_anon, self.seconds = returncode, peak_anon, seconds
+        how = ("stopped at the memory it may take" if stopped else
+               "killed (SIGKILL: out of memory?)" if returncode == -9 else f"exit {returncode}")
         super().__init__(f"{name} failed, {how}, at {peak_anon / GB:.2f} GB of anonymous "
-                         "memory: see above")
+                         f"memory after {seconds:.0f} s: see above")
 
 
 def step(name: str, argv: list[str], work: Path, disk: DiskPeak | None = None,
-         baseline: Path | None = None) -> dict:
-    """Runs one step in its own process (with the `baseline` copy's code where given); its
-    report (rc, seconds, peak_rss, stdout)."""
+         baseline: Path | None = None, max_anon: float | None = None) -> dict:
+    """Runs one step in its own process (with the `baseline` copy's code where given), stopped
+    where its anonymous memory passes `max_anon` bytes; its report (rc, seconds, peak_rss,
+    peak_anon, stdout)."""
     report = work / f".{name.replace(' ', '_')}.json"
+    peak = Path(f"{report}.peak")
     print(f"\n== {name}: {' '.join(argv)}  ({load()})", flush=True)
     env = {**os.environ, **({"REHEARSAL_BASELINE": str(baseline)} if baseline else {})}
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(report), *argv], env=env)
-    peak = Path(f"{report}.peak")
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(report), *argv], env=env)
+    stopped = False
+    while proc.poll() is None:
+        time.sleep(0.3)
+        try:
+            reached = int(peak.read_text())
+        except (OSError, ValueError):  # not written yet, or being written
+            continue
+        if max_anon is not None and reached > max_anon:
+            proc.kill()
+            proc.wait()
+            stopped = True
     if not report.is_file():
         reached = int(peak.read_text()) if peak.is_file() else 0
         peak.unlink(missing_ok=True)
-        raise StepFailed(name, proc.returncode, reached)
+        raise StepFailed(name, proc.returncode, reached, time.monotonic() - t0, stopped)
     result = json.loads(report.read_text())
     report.unlink()
     peak.unlink(missing_ok=True)
@@ -252,11 +269,11 @@ def available_memory() -> int:
                     if line.startswith("MemAvailable:"))
 
 
-def rtx_engines(label: str, model: Path, work: Path,
-                graphs: list[str] | None = None) -> list[dict]:
+def rtx_engines(label: str, model: Path, work: Path, graphs: list[str] | None = None,
+                max_anon: float | None = None) -> list[dict]:
     """Each graph's TensorRT for RTX engine (of `graphs`, default all) built in a process of its
-    own, smallest first; a build whose process dies (killed for memory) is reported with the
-    peak it reached, and the next graph is built."""
+    own, smallest first; a build stopped at `max_anon` bytes of anonymous memory, or killed, is
+    reported with the peak it reached, and the next graph is built."""
     import re
 
     from personaplex_edge.manifest import load_model_dir
@@ -275,10 +292,11 @@ def rtx_engines(label: str, model: Path, work: Path,
             with DiskPeak(work, skip=set()) as disk:
                 result = step(f"engines {label} {graph}", ["engines", "--model", str(model),
                                                            "--library", "rtx", "--graphs",
-                                                           graph], work, disk)
+                                                           graph], work, disk,
+                              max_anon=max_anon)
         except StepFailed as e:
-            row["failed"] = str(e).split(": see above")[0]
-            row["peak_anon"] = e.peak_anon
+            row["failed"] = str(e).split(": see above")[0].split(" failed, ")[1]
+            row["peak_anon"], row["seconds"] = e.peak_anon, e.seconds
             print(f"   {row['failed']}", flush=True)
             continue
         line = re.search(rf"{graph}\.engine: built in .*?; engine ([\d.]+) MB, graph weights "
@@ -300,9 +318,10 @@ def engines_table(rows: list[dict]) -> None:
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for e in rows:
         if "failed" in e:
-            print(f"| {e['recipe']} | {e['graph']} | | | {e['peak_anon'] / GB:.2f} (reached) | | "
-                  f"{e['weight_bytes'] / 1e6:.1f} | | {e['failed']} (with "
-                  f"{e['memory_available_before'] / GB:.1f} GB available before) |")
+            print(f"| {e['recipe']} | {e['graph']} | {e['seconds']:.0f} | | "
+                  f"{e['peak_anon'] / GB:.2f} (reached) | | {e['weight_bytes'] / 1e6:.1f} | | "
+                  f"{e['failed']} (with {e['memory_available_before'] / GB:.1f} GB available "
+                  "before) |")
             continue
         print(f"| {e['recipe']} | {e['graph']} | {e['seconds']:.0f} | {e['peak_rss'] / GB:.2f} "
               f"| {e['peak_anon'] / GB:.2f} | {e['peak_disk'] / GB:.2f} | "
@@ -335,6 +354,9 @@ def main() -> None:
     ap.add_argument("--baseline", metavar="REV",
                     help="also export the CPU recipe with the project at this git revision "
                          "(e.g. the commit before a change), side by side")
+    ap.add_argument("--build-memory-gb", type=float,
+                    help="rtx: stop an engine build whose anonymous memory passes this (on a "
+                         "shared machine: what it may take); default: no limit")
     ap.add_argument("--json")
     args = ap.parse_args()
     from frame_bytes import copy_bandwidth
@@ -344,6 +366,7 @@ def main() -> None:
     ckpt, cpu, gpu = work / "checkpoint", work / "int4", work / "fp16"
     rtx_int4 = work / "rtx-int4"
     recipes = set(args.recipes.split(","))
+    max_anon = args.build_memory_gb * GB if args.build_memory_gb else None
     free = shutil.disk_usage(work).free
     print(f"{work}: {free / GB:.0f} GB free; {os.cpu_count()} cpus; {load()}")
     results: dict = {"cpus": os.cpu_count()}
@@ -367,7 +390,7 @@ def main() -> None:
                 "export rtx int4", ckpt, rtx_int4, work,
                 ["--precision", "int4", "--depformer-precision", "int8", "--backend",
                  "tensorrt", "--no-engines"])
-            results["engines"] = rtx_engines("int4+int8", rtx_int4, work)
+            results["engines"] = rtx_engines("int4+int8", rtx_int4, work, max_anon=max_anon)
             shutil.rmtree(rtx_int4)
         if args.baseline:
             package = install_baseline(args.baseline, work)
@@ -385,7 +408,8 @@ def main() -> None:
             if "rtx" in recipes:
                 if not args.keep:  # nothing needs it any more: its disk for the engines
                     shutil.rmtree(ckpt, ignore_errors=True)
-                results["engines"] = results.get("engines", []) + rtx_engines("fp16", gpu, work)
+                results["engines"] = results.get("engines", []) + rtx_engines(
+                    "fp16", gpu, work, max_anon=max_anon)
             shutil.rmtree(gpu)
     finally:
         for out in (cpu, gpu, rtx_int4, work / "baseline"):
