@@ -28,7 +28,7 @@ DEVICES = {"Jetson AGX Orin": 204.8, "Jetson AGX Thor": 273.0, "RTX 4090": 1008.
 
 
 # onnx is imported where a graph is read: the figures and estimates below also serve a GPU
-# machine that has no onnx (scripts/helium_timing.py)
+# machine that has no onnx (scripts/gpu/helium_timing.py)
 
 
 def _tables(graph) -> set[str]:

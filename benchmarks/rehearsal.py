@@ -1,7 +1,8 @@
 """The 7B at its real size through the product, as a user with the real checkpoint runs it.
 
     python benchmarks/rehearsal.py [--work DIR] [--frames 20] [--threads N] [--json out.json]
-                                   [--no-gpu-recipe] [--keep] [--baseline REV] [--layers N]
+                                   [--recipes cpu,gpu,rtx] [--keep] [--baseline REV]
+                                   [--layers N] [--build-memory-gb G]
 
 Steps, each in a process of its own (its peak resident size is its own VmHWM):
 
@@ -15,12 +16,21 @@ Steps, each in a process of its own (its peak resident size is its own VmHWM):
   run          run with the default persona on the bundled 6 s speech sample
   export gpu   export --precision fp16 --backend tensorrt --no-engines (the GPU recipe, graphs
                only: the engines are built on the GPU)
+  rtx          (--recipes rtx) the engines of TensorRT for RTX, built here without a GPU: the
+               int4 + int8 recipe exported for TensorRT (export rtx int4), then each graph's
+               engine in a process of its own (engines --library rtx --graphs G); then the same
+               for the fp16 export (export gpu; the checkpoint deleted first where nothing
+               later needs it). A build is stopped when its anonymous memory passes
+               --build-memory-gb (on a shared machine: what it may take), or killed by the
+               kernel where the machine cannot hold it; either is reported, with the peak
+               its process had reached and when
   baseline     with --baseline REV: export cpu again with the project at git revision REV
                (installed under --work), side by side (its float32 scratch needs ~31 GB more)
 
-Reported: each step's wall time and peak RSS; each export's peak disk (everything under --work
-but the checkpoint, polled twice a second) beside the model it leaves, so the scratch is the
-difference; per-stage ms of bench; bytes the LM reads per frame (weights, from the graphs, and
+Reported: each step's wall time and peak RSS (and peak anonymous memory: file pages the
+engine builder maps are reclaimable); each export's peak disk (everything under --work but the
+checkpoint, polled twice a second) beside the model it leaves, so the scratch is the
+difference; each engine's size beside its graph's weight bytes and the verdict on them; per-stage ms of bench; bytes the LM reads per frame (weights, from the graphs, and
 the KV ring, from the manifest) and the floor that is at this machine's measured copy bandwidth
 (read + write counted, as bench_lm.py holds the LM to it), with the fraction of it the LM
 reaches.
@@ -40,6 +50,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -49,8 +60,19 @@ GB = 1e9
 # One step in its own process: a CLI command (or the checkpoint writer), its stdout and stderr
 # kept, its peak resident size (VmHWM: this address space's own) and wall time reported last.
 _CHILD = r"""
-import contextlib, io, json, os, sys, time
+import contextlib, io, json, os, sys, threading, time
 os.environ.setdefault("NO_TORCH_COMPILE", "1")
+anon = [0]
+def poll():  # the peak of anonymous memory (VmHWM also counts mapped file pages), kept on disk
+    while True:  # too: a process the kernel kills for memory leaves it behind
+        with open("/proc/self/status") as f:
+            kb = next((int(l.split()[1]) for l in f if l.startswith("RssAnon:")), 0)
+        if kb * 1024 > anon[0]:
+            anon[0] = kb * 1024
+            with open(sys.argv[1] + ".peak", "w") as f:
+                f.write(str(anon[0]))
+        time.sleep(0.2)
+threading.Thread(target=poll, daemon=True).start()
 report, argv = sys.argv[1], sys.argv[2:]
 baseline = os.environ.get("REHEARSAL_BASELINE")
 if baseline:  # an earlier version's copy instead of this checkout (installed editable)
@@ -77,7 +99,7 @@ else:
 with open("/proc/self/status") as f:
     hwm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 json.dump({"rc": rc, "seconds": time.perf_counter() - t0, "peak_rss": hwm,
-           "stdout": out.getvalue()}, open(report, "w"))
+           "peak_anon": anon[0], "stdout": out.getvalue()}, open(report, "w"))
 sys.exit(rc)
 """
 
@@ -87,16 +109,21 @@ def load() -> str:
 
 
 def tree_bytes(root: Path, skip: set[Path] = frozenset()) -> int:
-    total = 0
+    """The bytes of the files under `root`, a file hard-linked twice (the engine build's staging
+    copy of a model) counted once."""
+    total, seen = 0, set()
     for dirpath, dirnames, filenames in os.walk(root):
         if Path(dirpath) in skip:
             dirnames.clear()
             continue
         for name in filenames:
             try:
-                total += os.stat(os.path.join(dirpath, name)).st_size
+                st = os.stat(os.path.join(dirpath, name))
             except FileNotFoundError:  # renamed or removed between the listing and the stat
-                pass
+                continue
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_size
     return total
 
 
@@ -122,21 +149,52 @@ class DiskPeak:
         self.peak = max(self.peak, tree_bytes(self.root, self.skip))
 
 
+class StepFailed(SystemExit):
+    """A step's process ended without its report: stopped at the memory it may take, killed
+    (for memory, exit -9) or crashed."""
+
+    def __init__(self, name: str, returncode: int, peak_anon: int, seconds: float,
+                 stopped: bool = False):
+        self.returncode, self.peak_anon, self.seconds = returncode, peak_anon, seconds
+        how = ("stopped at the memory it may take" if stopped else
+               "killed (SIGKILL: out of memory?)" if returncode == -9 else f"exit {returncode}")
+        super().__init__(f"{name} failed, {how}, at {peak_anon / GB:.2f} GB of anonymous "
+                         f"memory after {seconds:.0f} s: see above")
+
+
 def step(name: str, argv: list[str], work: Path, disk: DiskPeak | None = None,
-         baseline: Path | None = None) -> dict:
-    """Runs one step in its own process (with the `baseline` copy's code where given); its
-    report (rc, seconds, peak_rss, stdout)."""
+         baseline: Path | None = None, max_anon: float | None = None) -> dict:
+    """Runs one step in its own process (with the `baseline` copy's code where given), stopped
+    where its anonymous memory passes `max_anon` bytes; its report (rc, seconds, peak_rss,
+    peak_anon, stdout)."""
     report = work / f".{name.replace(' ', '_')}.json"
+    peak = Path(f"{report}.peak")
     print(f"\n== {name}: {' '.join(argv)}  ({load()})", flush=True)
     env = {**os.environ, **({"REHEARSAL_BASELINE": str(baseline)} if baseline else {})}
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(report), *argv], env=env)
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(report), *argv], env=env)
+    stopped = False
+    while proc.poll() is None:
+        time.sleep(0.3)
+        try:
+            reached = int(peak.read_text())
+        except (OSError, ValueError):  # not written yet, or being written
+            continue
+        if max_anon is not None and reached > max_anon:
+            proc.kill()
+            proc.wait()
+            stopped = True
     if not report.is_file():
-        raise SystemExit(f"{name} failed (exit {proc.returncode}): see above")
+        reached = int(peak.read_text()) if peak.is_file() else 0
+        peak.unlink(missing_ok=True)
+        raise StepFailed(name, proc.returncode, reached, time.monotonic() - t0, stopped)
     result = json.loads(report.read_text())
     report.unlink()
+    peak.unlink(missing_ok=True)
     if disk is not None:
         result["peak_disk"] = disk.peak
-    print(f"== {name}: {result['seconds']:.0f} s, peak RSS {result['peak_rss'] / GB:.2f} GB"
+    print(f"== {name}: {result['seconds']:.0f} s, peak RSS {result['peak_rss'] / GB:.2f} GB "
+          f"(anonymous {result.get('peak_anon', 0) / GB:.2f} GB)"
           + (f", peak disk {disk.peak / GB:.2f} GB" if disk is not None else "")
           + f"  ({load()})", flush=True)
     if proc.returncode != 0:
@@ -205,6 +263,71 @@ def install_baseline(rev: str, work: Path) -> Path:
     return target
 
 
+def available_memory() -> int:
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) * 1024 for line in f
+                    if line.startswith("MemAvailable:"))
+
+
+def rtx_engines(label: str, model: Path, work: Path, graphs: list[str] | None = None,
+                max_anon: float | None = None) -> list[dict]:
+    """Each graph's TensorRT for RTX engine (of `graphs`, default all) built in a process of its
+    own, smallest first; a build stopped at `max_anon` bytes of anonymous memory, or killed, is
+    reported with the peak it reached, and the next graph is built."""
+    import re
+
+    from personaplex_edge.manifest import load_model_dir
+    from personaplex_edge.runtime.backends.trt_build import graph_weight_bytes
+
+    manifest = load_model_dir(model)
+    graphs = sorted(graphs or manifest.graphs, key=lambda g: graph_weight_bytes(
+        model / manifest.graphs[g].file).stored)
+    rows = []
+    for graph in graphs:
+        weights = graph_weight_bytes(model / manifest.graphs[graph].file).stored
+        row = {"recipe": label, "graph": graph, "weight_bytes": weights,
+               "memory_available_before": available_memory()}
+        rows.append(row)
+        try:
+            with DiskPeak(work, skip=set()) as disk:
+                result = step(f"engines {label} {graph}", ["engines", "--model", str(model),
+                                                           "--library", "rtx", "--graphs",
+                                                           graph], work, disk,
+                              max_anon=max_anon)
+        except StepFailed as e:
+            row["failed"] = str(e).split(": see above")[0].split(" failed, ")[1]
+            row["peak_anon"], row["seconds"] = e.peak_anon, e.seconds
+            print(f"   {row['failed']}", flush=True)
+            continue
+        line = re.search(rf"{graph}\.engine: built in .*?; engine ([\d.]+) MB, graph weights "
+                         r"[\d.]+ MB(?: quantised)?(?: / [\d.]+ MB as float16)?(?:: (.*))?$",
+                         result["stdout"], re.M)
+        row.update(seconds=result["seconds"], peak_rss=result["peak_rss"],
+                   peak_anon=result["peak_anon"], peak_disk=result["peak_disk"],
+                   engine_bytes=(model / f"{graph}.engine").stat().st_size,
+                   verdict=(line.group(2) if line and line.group(2) else "float weights"))
+    return rows
+
+
+def engines_table(rows: list[dict]) -> None:
+    """rtx_engines' rows as a markdown table."""
+    print("\nTensorRT for RTX engines, built without a GPU (targets 8.6, 8.9, 12.0; fp8 8.9, "
+          "12.0)")
+    print("| recipe | graph | s | peak RSS GB | peak anonymous GB | peak disk GB | "
+          "weights MB | engine MB | verdict |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    for e in rows:
+        if "failed" in e:
+            print(f"| {e['recipe']} | {e['graph']} | {e['seconds']:.0f} | | "
+                  f"{e['peak_anon'] / GB:.2f} (reached) | | {e['weight_bytes'] / 1e6:.1f} | | "
+                  f"{e['failed']} (with {e['memory_available_before'] / GB:.1f} GB available "
+                  "before) |")
+            continue
+        print(f"| {e['recipe']} | {e['graph']} | {e['seconds']:.0f} | {e['peak_rss'] / GB:.2f} "
+              f"| {e['peak_anon'] / GB:.2f} | {e['peak_disk'] / GB:.2f} | "
+              f"{e['weight_bytes'] / 1e6:.1f} | {e['engine_bytes'] / 1e6:.1f} | {e['verdict']} |")
+
+
 def frame_bytes(model: Path) -> dict:
     from frame_bytes import model_bytes_per_frame
 
@@ -223,11 +346,17 @@ def main() -> None:
                     help="Helium's layers (32: the 7B; fewer: a quick trial of this script)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                     help="threads of the bandwidth measurement (the runtime uses its default)")
-    ap.add_argument("--no-gpu-recipe", action="store_true", help="skip the fp16 export")
+    ap.add_argument("--recipes", default="cpu,gpu",
+                    help="cpu: the int4 + int8 export, bench and run; gpu: the fp16 TensorRT "
+                         "export (graphs only); rtx: TensorRT for RTX's engines of the int4 + "
+                         "int8 and the fp16 TensorRT exports, built here")
     ap.add_argument("--keep", action="store_true", help="keep the checkpoint for a rerun")
     ap.add_argument("--baseline", metavar="REV",
                     help="also export the CPU recipe with the project at this git revision "
                          "(e.g. the commit before a change), side by side")
+    ap.add_argument("--build-memory-gb", type=float,
+                    help="rtx: stop an engine build whose anonymous memory passes this (on a "
+                         "shared machine: what it may take); default: no limit")
     ap.add_argument("--json")
     args = ap.parse_args()
     from frame_bytes import copy_bandwidth
@@ -235,6 +364,9 @@ def main() -> None:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     ckpt, cpu, gpu = work / "checkpoint", work / "int4", work / "fp16"
+    rtx_int4 = work / "rtx-int4"
+    recipes = set(args.recipes.split(","))
+    max_anon = args.build_memory_gb * GB if args.build_memory_gb else None
     free = shutil.disk_usage(work).free
     print(f"{work}: {free / GB:.0f} GB free; {os.cpu_count()} cpus; {load()}")
     results: dict = {"cpus": os.cpu_count()}
@@ -244,13 +376,22 @@ def main() -> None:
             results["checkpoint"] = step("checkpoint", ["checkpoint", str(ckpt),
                                                         json.dumps(layers)], work)
         results["checkpoint_bytes"] = tree_bytes(ckpt)
-        results["export_cpu"] = export("export cpu", ckpt, cpu, work,
-                                       ["--precision", "int4", "--depformer-precision", "int8"])
-        results["bytes_per_frame"] = frame_bytes(cpu)
-        results["bench"] = bench(cpu, work, args.frames, None)
-        results["bench_full_ring"] = bench(cpu, work, args.frames, 3000)
-        results["run"] = run(cpu, work)
-        shutil.rmtree(cpu)
+        if "cpu" in recipes:
+            results["export_cpu"] = export("export cpu", ckpt, cpu, work,
+                                           ["--precision", "int4", "--depformer-precision",
+                                            "int8"])
+            results["bytes_per_frame"] = frame_bytes(cpu)
+            results["bench"] = bench(cpu, work, args.frames, None)
+            results["bench_full_ring"] = bench(cpu, work, args.frames, 3000)
+            results["run"] = run(cpu, work)
+            shutil.rmtree(cpu)
+        if "rtx" in recipes:
+            results["export_rtx_int4"] = export(
+                "export rtx int4", ckpt, rtx_int4, work,
+                ["--precision", "int4", "--depformer-precision", "int8", "--backend",
+                 "tensorrt", "--no-engines"])
+            results["engines"] = rtx_engines("int4+int8", rtx_int4, work, max_anon=max_anon)
+            shutil.rmtree(rtx_int4)
         if args.baseline:
             package = install_baseline(args.baseline, work)
             results["export_cpu_baseline"] = export(
@@ -258,15 +399,28 @@ def main() -> None:
                 ["--precision", "int4", "--depformer-precision", "int8"], baseline=package)
             results["baseline"] = args.baseline
             shutil.rmtree(cpu)
-        results["bandwidth"] = {"copy": copy_bandwidth(args.threads)}
-        if not args.no_gpu_recipe:
+        if "cpu" in recipes:
+            results["bandwidth"] = {"copy": copy_bandwidth(args.threads)}
+        if recipes & {"gpu", "rtx"}:
             results["export_gpu"] = export("export gpu", ckpt, gpu, work,
                                            ["--precision", "fp16", "--backend", "tensorrt",
                                             "--no-engines"])
+            if "rtx" in recipes:
+                if not args.keep:  # nothing needs it any more: its disk for the engines
+                    shutil.rmtree(ckpt, ignore_errors=True)
+                results["engines"] = results.get("engines", []) + rtx_engines(
+                    "fp16", gpu, work, max_anon=max_anon)
             shutil.rmtree(gpu)
     finally:
-        for out in (cpu, gpu, work / "baseline"):
+        from personaplex_edge.atomic import OLD_MARK, STAGE_MARK
+
+        for out in (cpu, gpu, rtx_int4, work / "baseline"):
             shutil.rmtree(out, ignore_errors=True)
+            # and the staging copy of a step killed mid-write (an engine build the kernel
+            # stopped for memory cannot clean up after itself)
+            for mark in (STAGE_MARK, OLD_MARK):
+                for left in work.glob(f".{out.name}{mark}*"):
+                    shutil.rmtree(left, ignore_errors=True)
         if not args.keep:
             shutil.rmtree(ckpt, ignore_errors=True)
     report(results)
@@ -275,13 +429,12 @@ def main() -> None:
 
 
 def report(r: dict) -> None:
-    b, bw = r["bytes_per_frame"], r["bandwidth"]
-    lm = b["helium"] + b["depformer"] + b["kv"]
     print(f"\nPersonaPlex-7B (random weights), {r['cpus']} cpus; checkpoint "
           f"{r['checkpoint_bytes'] / GB:.2f} GB")
     print("| step | s | peak RSS GB | peak disk GB | model GB | beyond the model GB |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for key in ("checkpoint", "export_cpu", "export_cpu_baseline", "export_gpu", "run"):
+    for key in ("checkpoint", "export_cpu", "export_cpu_baseline", "export_rtx_int4",
+                "export_gpu", "run"):
         if key not in r:
             continue
         s = r[key]
@@ -289,6 +442,12 @@ def report(r: dict) -> None:
         disk = (f"{s['peak_disk'] / GB:.2f} | {s['model_bytes'] / GB:.2f} | "
                 f"{s['scratch_bytes'] / GB:.2f}" if "peak_disk" in s else " | | ")
         print(f"| {label} | {s['seconds']:.0f} | {s['peak_rss'] / GB:.2f} | {disk} |")
+    if r.get("engines"):
+        engines_table(r["engines"])
+    if "bytes_per_frame" not in r:
+        return
+    b, bw = r["bytes_per_frame"], r["bandwidth"]
+    lm = b["helium"] + b["depformer"] + b["kv"]
     print(f"\nbytes read per frame: Helium {b['helium'] / GB:.2f} GB, depformer "
           f"{b['depformer'] / GB:.2f} GB, KV ring {b['kv'] / GB:.2f} GB: {lm / GB:.2f} GB")
     print(f"copy bandwidth (numpy, read + write counted, {r['cpus']} threads): "

@@ -117,11 +117,11 @@ def tensorrt_warnings(plans: dict[str, PrecisionPlan], backend: str) -> list[str
     """What TensorRT may not honour as asked: int8 / fp8 weight-only (module docstring)."""
     if backend != "tensorrt":
         return []
-    return [f"warning: {name} in {plan.precision} for TensorRT is experimental: TensorRT "
-            "documents weight-only quantisation for INT4 only, so it may fold these "
+    return [f"warning: {name} in {plan.precision} for TensorRT is experimental: mainline "
+            "TensorRT documents weight-only quantisation for INT4 only, so it may fold these "
             f"{plan.precision} weights back to fp16 when it builds the engine (no memory saved) "
-            "or dequantise them every frame; the engine build reports which happened. int4 "
-            "(or fp16) is the documented path"
+            "or dequantise them every frame (TensorRT for RTX keeps them: measured); the engine "
+            "build reports which happened. int4 (or fp16) is the documented path"
             for name, plan in plans.items() if plan.precision in TENSORRT_EXPERIMENTAL]
 
 

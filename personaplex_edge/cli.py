@@ -84,14 +84,11 @@ def cmd_export(args) -> int:
     if args.batch < 1:
         raise PersonaPlexError(f"--batch {args.batch}: the conversations a graph call steps "
                                "must be at least 1")
-    builder = None
-    if args.backend == "tensorrt" and not args.no_engines:
-        from .runtime.backends import trt_build
+    from .runtime.backends.engines_entry import export_builder
 
-        # TensorRT, onnx and a GPU are checked now, not after an hour of export
-        gpu = trt_build.preflight([args.precision, args.depformer_precision or args.precision])
-        print(f"engines will be built for {gpu}")
-        builder = trt_build.build_engines
+    # TensorRT, onnx, the targets (a GPU for mainline TensorRT) are checked now, not after an
+    # hour of export
+    builder = export_builder(args, [args.precision, args.depformer_precision or args.precision])
     t0 = time.perf_counter()
     ckpt = resolve_checkpoint(args.checkpoint, with_lm=not args.codec_only)
     transcriber = None
@@ -127,24 +124,6 @@ def _export_transcriber(args) -> int:
     add_transcriber(args.out, resolve_transcriber(args.transcriber),
                     precision=args.transcriber_precision, verify=args.verify)
     print(f"done in {time.perf_counter() - t0:.1f} s")
-    return 0
-
-
-def cmd_engines(args) -> int:
-    """Builds (or rebuilds) the TensorRT engines of a model directory for this machine's GPU,
-    through a staging copy: a failure leaves the old engines and manifest as they were. A
-    directory that may not be written (a hub snapshot, a read-only copy) gets them in the
-    per-user cache instead."""
-    from .runtime.backends.trt_build import rebuild_engines
-
-    t0 = time.perf_counter()
-    graphs = [g.strip() for g in args.graphs.split(",") if g.strip()] if args.graphs else None
-    model_dir = resolve_model(args.model, print)
-    manifest = rebuild_engines(model_dir, graphs=graphs, timing_cache=args.timing_cache,
-                               workspace_bytes=int(args.workspace_gb * 2**30)
-                               if args.workspace_gb else None)
-    built = [n for n, g in manifest.graphs.items() if g.engine and (not graphs or n in graphs)]
-    print(f"{args.model}: engines for {', '.join(built)} in {time.perf_counter() - t0:.1f} s")
     return 0
 
 
@@ -593,7 +572,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "the 7B's weights and makes the audio tokens: e.g. --precision "
                         "int4 --depformer-precision int8")
     e.add_argument("--backend", default="onnx", choices=BACKENDS,
-                   help="tensorrt also builds engines for this machine's GPU")
+                   help="tensorrt also builds TensorRT engines (--library, --targets)")
     e.add_argument("--kv-dtype", choices=["float32", "float16", "bfloat16"],
                    help="KV ring dtype (default: float16 for GPU precisions, float32 on the CPU)")
     e.add_argument("--verify", default="auto", choices=["auto", "full", "reduced", "off"],
@@ -602,7 +581,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "width + a spot check of every written weight), auto (full if it fits)")
     e.add_argument("--no-engines", action="store_true",
                    help="with --backend tensorrt: write the graphs only; build the engines later "
-                        "on the target with personaplex-edge engines --model DIR")
+                        "with personaplex-edge engines --model DIR")
+    from .runtime.backends.engines_entry import add_build_flags
+
+    add_build_flags(e)
     e.add_argument("--batch", type=int, default=1, help="streams per graph call (default 1)")
     e.add_argument("--codec-only", action="store_true",
                    help="export only the Mimi codec (no model.safetensors needed)")
@@ -614,17 +596,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --push-to-hub: create the repository private")
     e.set_defaults(func=cmd_export)
 
-    g = sub.add_parser("engines", help="build (or rebuild) the TensorRT engines of a model "
-                                       "directory for this machine's GPU")
-    g.add_argument("--model", required=True,
-                   help="a model exported with --backend tensorrt: a directory or a hub id "
-                        "(OWNER/NAME[@REVISION]); engines go into the directory, or into "
-                        "~/.cache/personaplex-edge where it is read-only")
-    g.add_argument("--graphs", help="comma-separated graph names (default: all)")
-    g.add_argument("--timing-cache", type=Path, help="TensorRT timing cache file (default: "
-                   "~/.cache/personaplex-edge/tensorrt/, one per GPU type and TensorRT version)")
-    g.add_argument("--workspace-gb", type=float, help="TensorRT's workspace limit")
-    g.set_defaults(func=cmd_engines)
+    from .runtime.backends.engines_entry import add_parser as add_engines_parser
+
+    add_engines_parser(sub)
 
     f = sub.add_parser("verify", help="check a finished or downloaded export: every file's "
                                       "hash, every graph's signature, and with --checkpoint "

@@ -82,26 +82,32 @@ DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool")
 @dataclass(frozen=True)
 class EngineSpec:
     """What a serialized TensorRT engine was built with and for. An engine runs only with the
-    TensorRT version that built it, on the GPU model it was tuned for (kernels are chosen by
-    timing on that GPU: another model of the same compute capability, H100 against H200, has
-    other memory and clocks), so the runtime compares all of it before deserialising."""
+    library version that built it. Mainline TensorRT's runs on the GPU model it was tuned for
+    (kernels are chosen by timing on that GPU: another model of the same compute capability,
+    H100 against H200, has other memory and clocks); TensorRT for RTX's on any GPU of its
+    `targets` (it compiles the kernels there). The runtime compares all of it before
+    deserialising."""
 
     file: str  # the serialized engine, relative to the model directory
     sha256: str
-    tensorrt_version: str  # trt.__version__ of the builder, e.g. "10.8.0.43"
-    compute_capability: str  # "9.0" (H100/H200), "8.7" (Jetson Orin), "8.9" (RTX 4090)
-    device_name: str  # "NVIDIA H200"
+    tensorrt_version: str  # the builder's library version, e.g. "10.8.0.43", "1.7.1.116"
+    compute_capability: str  # "9.0" (H100/H200), "8.7" (Jetson Orin); "" for TensorRT for RTX
+    device_name: str  # "NVIDIA H200"; "" for TensorRT for RTX (built for targets, not a GPU)
     precision: str  # the graph's precision when built
     build_seconds: float = 0.0
     device_memory: int = 0  # bytes of GPU memory (0: not recorded by older exports)
     weight_bytes: int = 0  # the weight bytes the graph holds, for the engine-size check
+    library: str = "tensorrt"  # "tensorrt" (mainline) or "tensorrt-rtx" (TensorRT for RTX)
+    targets: tuple[str, ...] = ()  # TensorRT for RTX: the compute capabilities, "8.6", "12.0"
+    weightless: bool = False  # no weights in the plan: refit from the graph's ONNX when loaded
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "targets": list(self.targets)}  # as JSON gives it back
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "EngineSpec":
         return cls(d["file"], d["sha256"], d["tensorrt_version"], d["compute_capability"],
                    d.get("device_name", "?"), d.get("precision", "?"),
                    float(d.get("build_seconds", 0.0)), int(d.get("device_memory", 0)),
-                   int(d.get("weight_bytes", 0)))
+                   int(d.get("weight_bytes", 0)), d.get("library", "tensorrt"),
+                   tuple(str(cc) for cc in d.get("targets", ())), bool(d.get("weightless")))

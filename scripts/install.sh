@@ -66,8 +66,9 @@ else
 fi
 # The runtime with onnxruntime for the CPU (the `cpu` extra: never beside onnxruntime-gpu),
 # the export, the tests (and mkdocs-material, which builds the manual under docs/), the sound
-# devices, the server with its WebRTC calls, and the assistant.
-python -m pip install -q -e ".[cpu,export,dev,audio,serve,webrtc,assistant]"
+# devices, the server with its WebRTC calls, the assistant, and TensorRT for RTX (the `rtx`
+# extra: its builder needs no GPU, so the tests build real engines of every graph).
+python -m pip install -q -e ".[cpu,export,dev,audio,serve,webrtc,assistant,rtx]"
 # The test reference. It pins torch<2.10, so it goes in without its dependencies (the light
 # ones are in the dev extra).
 python -m pip install -q --no-deps "moshi==0.2.13"

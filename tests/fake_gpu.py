@@ -1,5 +1,6 @@
 """A simulated GPU for testing the GPU backends' host logic on a CPU: a stand-in for cuda-python's
-runtime module and for TensorRT whose engines are onnxruntime CPU sessions.
+runtime module and for TensorRT (mainline, or TensorRT for RTX) whose engines are onnxruntime CPU
+sessions.
 
 "Device" memory is ordinary host memory (so device and pinned pointers are real addresses and
 every copy is a memmove); work queued on a stream runs at once, in order, which is what one
@@ -15,6 +16,12 @@ demands where a real GPU would only fail at random: cudaMalloc's 256-byte alignm
 TensorRT's refusal of tensor addresses that are not 256-byte aligned. The builder side
 (Builder, OnnxParser, builder config, timing cache) is simulated too: its "plan" names the
 ONNX graph that the simulated runtime then runs.
+
+TensorRT for RTX (`fake_tensorrt(..., rtx=True)`, module `tensorrt_rtx`) adds what its runtime
+asks: build targets (ComputeCapability) and no timing cache; get_engine_validity on the
+engine's header, which names the targets and version it was built for; execution contexts made
+from a runtime config, whose JIT is counted (`trt.jit_compiles`) unless the runtime cache holds
+the engine's kernels already.
 """
 
 from __future__ import annotations
@@ -26,6 +33,9 @@ from pathlib import Path
 import numpy as np
 
 SIMULATED_TRT_VERSION = "10.999.0.simulated"  # parses like a real one: major 10
+SIMULATED_RTX_VERSION = "1.7.999.simulated"
+RTX_HEADER = 256  # the simulated engine_header_size: the plan's first two lines fit in it
+WEIGHTLESS = b"weightless\n"  # a line of a simulated plan built with STRIP_PLAN
 ALIGN = 256  # cudaMalloc's alignment, and what setTensorAddress demands
 
 _DTYPES = {"FLOAT": np.float32, "HALF": np.float16, "INT64": np.int64, "INT32": np.int32,
@@ -58,8 +68,10 @@ class FakeCuda:
 
     cudaStreamNonBlocking = 1
 
-    def __init__(self, name: str = "Simulated GPU", memory: int = 80 << 30):
+    def __init__(self, name: str = "Simulated GPU", memory: int = 80 << 30,
+                 compute_capability: str = "9.0"):
         self.name, self.memory = name, memory
+        self.compute_capability = compute_capability
         self.cudaError_t = types.SimpleNamespace(cudaSuccess=0, cudaErrorInsufficientDriver=35,
                                                  cudaErrorNoDevice=100)
         self.cudaMemcpyKind = types.SimpleNamespace(
@@ -92,7 +104,8 @@ class FakeCuda:
         return 0, 1
 
     def cudaGetDeviceProperties(self, index):
-        return 0, types.SimpleNamespace(name=self.name.encode(), major=9, minor=0,
+        major, minor = (int(x) for x in self.compute_capability.split("."))
+        return 0, types.SimpleNamespace(name=self.name.encode(), major=major, minor=minor,
                                         totalGlobalMem=self.memory)
 
     def cudaDriverGetVersion(self):
@@ -190,6 +203,7 @@ class _Context:
                        if mode.name == "INPUT"}
 
     def set_input_shape(self, name, shape):
+        self.engine.shapes_set.append(name)
         want = self.engine.tensors[name][1]
         if len(shape) != len(want) or any(w not in (-1, d) for w, d in zip(want, shape)):
             return False
@@ -211,7 +225,7 @@ class _Context:
         bound = dict(self.addresses)  # the addresses at enqueue time, as TensorRT records them
         missing = set(self.engine.tensors) - set(bound)
         shapes = dict(self.shapes)
-        if missing or any(-1 in shape for shape in shapes.values()):
+        if missing or any(-1 in shape for shape in shapes.values()) or self.engine.needs_refit:
             return False
         self.engine.launch(self, bound, shapes, stream)
         return True
@@ -221,8 +235,12 @@ class _Engine:
     """An engine that is an onnxruntime CPU session; `launch` queues one run of it on the
     simulated stream (a subclass over real device memory replaces launch)."""
 
+    needs_refit = False  # a weightless engine's, until refit
+
     def __init__(self, onnx_path: Path, cuda: FakeCuda | None):
         self.cuda = cuda
+        self.shapes_set: list[str] = []  # every set_input_shape, by input name
+        self.contexts = []  # every execution context made, with its runtime config (or None)
         self.session = self.open_session(onnx_path)
         self.tensors = {}
         for kind, values in (("INPUT", self.session.get_inputs()),
@@ -269,7 +287,10 @@ class _Engine:
     def get_tensor_location(self, name):
         return _Enum("DEVICE")
 
-    def create_execution_context(self):
+    def create_execution_context(self, runtime_config=None):
+        self.contexts.append(runtime_config)
+        if runtime_config is not None:
+            runtime_config.jit(self)
         return _Context(self)
 
 
@@ -300,6 +321,20 @@ class _BuilderConfig:
         self.flags = {trt.BuilderFlag.TF32}  # on by default, as in TensorRT
         self.pools: dict = {}
         self.timing_cache: _TimingCache | None = None
+        self.targets: list = []  # TensorRT for RTX: the ComputeCapability of each index
+
+    @property
+    def num_compute_capabilities(self):
+        return len(self.targets)
+
+    @num_compute_capabilities.setter
+    def num_compute_capabilities(self, n):
+        assert self._trt.__name__ == "tensorrt_rtx", "compute capabilities are TensorRT for RTX's"
+        self.targets = [None] * n
+
+    def set_compute_capability(self, cc, index):
+        assert cc in vars(self._trt.ComputeCapability).values(), cc
+        self.targets[index] = cc
 
     def set_memory_pool_limit(self, pool, pool_size):
         assert pool in vars(self._trt.MemoryPoolType).values() and isinstance(pool_size, int)
@@ -316,6 +351,8 @@ class _BuilderConfig:
         self.flags.discard(flag)
 
     def create_timing_cache(self, serialized_timing_cache):
+        # TensorRT for RTX: a timing cache does nothing and asks for a GPU; never used there
+        assert self._trt.__name__ != "tensorrt_rtx", "a timing cache with TensorRT for RTX"
         data = bytes(memoryview(serialized_timing_cache))
         if not data:
             return _TimingCache(self._device)
@@ -357,6 +394,7 @@ class _Profile:
 class _Input:
     def __init__(self, name, shape):
         self.name, self.shape = name, shape
+        self.is_shape_tensor = False  # the tests' graphs feed no shape computation
 
 
 class _Network:
@@ -382,7 +420,8 @@ def _builder_api(trt, cuda: FakeCuda) -> None:
     trt.NetworkDefinitionCreationFlag = types.SimpleNamespace(
         EXPLICIT_BATCH=_IntEnum("EXPLICIT_BATCH", 0), STRONGLY_TYPED=_IntEnum("STRONGLY_TYPED", 1))
     trt.BuilderFlag = types.SimpleNamespace(**{n: _IntEnum(n, i) for i, n in enumerate(
-        ("FP16", "BF16", "INT8", "FP8", "INT4", "TF32", "REFIT"))})
+        ("FP16", "BF16", "INT8", "FP8", "INT4", "TF32", "REFIT", "REFIT_IDENTICAL",
+         "STRIP_PLAN"))})
     trt.MemoryPoolType = types.SimpleNamespace(WORKSPACE=_IntEnum("WORKSPACE", 0))
     device = cuda.cudaGetDeviceProperties(0)[1].name.decode()
     trt.builds = []  # (network, config) of each build, for the tests to inspect
@@ -414,7 +453,15 @@ def _builder_api(trt, cuda: FakeCuda) -> None:
             graph = Path(network.onnx_path).name
             if graph in trt.fail_builds:
                 return None
-            return memoryview(graph.encode() + b"\n" + bytes(trt.plan_padding(graph)))
+            header = graph.encode() + b"\n"
+            if trt.__name__ == "tensorrt_rtx":
+                assert None not in config.targets and config.targets, "no build targets"
+                header += rtx_header(trt.__version__, [c.name for c in config.targets])
+            if trt.BuilderFlag.STRIP_PLAN in config.flags:
+                refit = "REFIT" if trt.__name__ == "tensorrt_rtx" else "REFIT_IDENTICAL"
+                assert getattr(trt.BuilderFlag, refit) in config.flags, "STRIP_PLAN alone"
+                header += WEIGHTLESS
+            return memoryview(header + bytes(trt.plan_padding(graph)))
 
     class OnnxParser:
         def __init__(self, network, logger):
@@ -445,20 +492,113 @@ def _builder_api(trt, cuda: FakeCuda) -> None:
     trt.Builder, trt.OnnxParser = Builder, OnnxParser
 
 
-def fake_tensorrt(cuda: FakeCuda, model_dir: Path) -> types.ModuleType:
-    """A `tensorrt` module whose serialized engines name the ONNX graph to run, relative to
-    `model_dir` (up to a newline: the simulated builder pads its plans after one)."""
-    trt = tensorrt_runtime(model_dir, lambda path: _Engine(path, cuda))
+def rtx_header(version: str, targets: list[str]) -> bytes:
+    """The simulated TensorRT for RTX engine's second line: what get_engine_validity reads."""
+    return f"rtx {version} {','.join(targets)}\n".encode()
+
+
+def fake_tensorrt(cuda: FakeCuda, model_dir: Path, rtx: bool = False) -> types.ModuleType:
+    """A `tensorrt` module (`tensorrt_rtx` with rtx=True) whose serialized engines name the ONNX
+    graph to run, relative to `model_dir` (up to a newline: the simulated builder pads its plans
+    after one)."""
+    trt = tensorrt_runtime(model_dir, lambda path: _Engine(path, cuda), rtx, cuda)
     _builder_api(trt, cuda)
     return trt
 
 
-def tensorrt_runtime(model_dir: Path, open_engine) -> types.ModuleType:
+class _RuntimeCache:
+    """TensorRT for RTX's runtime cache: the engines whose kernels it holds."""
+
+    MAGIC = b"simulated runtime cache:"
+
+    def __init__(self):
+        self.engines: set[str] = set()
+
+    def serialize(self):
+        return memoryview(self.MAGIC + ",".join(sorted(self.engines)).encode())
+
+    def deserialize(self, data):
+        data = bytes(memoryview(data))
+        if not data.startswith(self.MAGIC):
+            raise RuntimeError("not a runtime cache")
+        self.engines = {e for e in data[len(self.MAGIC):].decode().split(",") if e}
+        return True
+
+
+def _rtx_runtime_api(trt, cuda: FakeCuda | None) -> None:
+    """TensorRT for RTX's runtime calls on `trt` (module docstring)."""
+    trt.ComputeCapability = types.SimpleNamespace(**{
+        n: _Enum(n) for n in ("NONE", "CURRENT", "SM75", "SM80", "SM86", "SM89", "SM120",
+                              "SM121")})
+    trt.EngineValidity = types.SimpleNamespace(VALID=_Enum("VALID"),
+                                               SUBOPTIMAL=_Enum("SUBOPTIMAL"),
+                                               INVALID=_Enum("INVALID"))
+    trt.EngineInvalidityDiagnostics = types.SimpleNamespace(**{
+        n: _IntEnum(n, 1 << i) for i, n in enumerate(
+            ("VERSION_MISMATCH", "UNSUPPORTED_CC", "OLD_CUDA_DRIVER", "OLD_CUDA_RUNTIME",
+             "INSUFFICIENT_GPU_MEMORY", "MALFORMED_ENGINE", "CUDA_ERROR"))})
+    trt.CudaGraphStrategy = types.SimpleNamespace(DISABLED=_Enum("DISABLED"),
+                                                  WHOLE_GRAPH_CAPTURE=_Enum("WHOLE_GRAPH_CAPTURE"))
+    trt.DynamicShapesKernelSpecializationStrategy = types.SimpleNamespace(
+        LAZY=_Enum("LAZY"), EAGER=_Enum("EAGER"), NONE=_Enum("NONE"))
+    trt.validity_checks = []  # the header of each get_engine_validity call
+    trt.jit_compiles = []  # the engine (graph file) of each compilation the cache did not hold
+
+    def get_engine_validity(self, buffer):
+        header = bytes(memoryview(buffer))
+        trt.validity_checks.append(header)
+        flags = trt.EngineInvalidityDiagnostics
+        lines = header.split(b"\n")
+        if len(header) > RTX_HEADER or len(lines) < 3 or not lines[1].startswith(b"rtx "):
+            return trt.EngineValidity.INVALID, int(flags.MALFORMED_ENGINE)
+        _, version, targets = lines[1].decode().split(" ")
+        here = "SM" + cuda.compute_capability.replace(".", "")
+        bad = 0
+        if version != trt.__version__:
+            bad |= int(flags.VERSION_MISMATCH)
+        if here not in targets.split(","):
+            bad |= int(flags.UNSUPPORTED_CC)
+        return (trt.EngineValidity.INVALID if bad else trt.EngineValidity.VALID), bad
+
+    trt.Runtime.engine_header_size = RTX_HEADER
+    trt.Runtime.get_engine_validity = get_engine_validity
+
+    class RuntimeConfig:
+        def __init__(self):
+            self.cuda_graph_strategy = trt.CudaGraphStrategy.DISABLED
+            self.dynamic_shapes_kernel_specialization_strategy = (
+                trt.DynamicShapesKernelSpecializationStrategy.LAZY)
+            self.cache = None
+
+        def create_runtime_cache(self):
+            return _RuntimeCache()
+
+        def set_runtime_cache(self, cache):
+            assert isinstance(cache, _RuntimeCache)
+            self.cache = cache
+            return True
+
+        def jit(self, engine):
+            key = Path(engine.path).name
+            if self.cache is None or key not in self.cache.engines:
+                trt.jit_compiles.append(key)
+            if self.cache is not None:
+                self.cache.engines.add(key)
+
+    trt.RuntimeConfig = RuntimeConfig
+
+
+def tensorrt_runtime(model_dir: Path, open_engine, rtx: bool = False,
+                     cuda: FakeCuda | None = None) -> types.ModuleType:
     """The runtime half of a stand-in `tensorrt` module (no builder): deserialising a plan
-    opens `open_engine(model_dir / the graph file it names)`."""
-    trt = types.ModuleType("tensorrt")
-    trt.__version__ = SIMULATED_TRT_VERSION
+    opens `open_engine(model_dir / the graph file it names)`; with rtx=True the module is
+    `tensorrt_rtx`, with TensorRT for RTX's runtime calls (for `cuda`'s GPU)."""
+    trt = types.ModuleType("tensorrt_rtx" if rtx else "tensorrt")
+    trt.__version__ = SIMULATED_RTX_VERSION if rtx else SIMULATED_TRT_VERSION
     trt.Logger = type("Logger", (), {"WARNING": 2, "__init__": lambda self, level=2: None})
+    trt.ILogger = type("ILogger", (), {"__init__": lambda self: None, "Severity": types.
+                                       SimpleNamespace(ERROR=_Enum("ERROR"),
+                                                       WARNING=_Enum("WARNING"))})
     trt.TensorIOMode = types.SimpleNamespace(INPUT=_Enum("INPUT"), OUTPUT=_Enum("OUTPUT"))
     trt.TensorLocation = types.SimpleNamespace(DEVICE=_Enum("DEVICE"), HOST=_Enum("HOST"))
 
@@ -468,37 +608,86 @@ def tensorrt_runtime(model_dir: Path, open_engine) -> types.ModuleType:
 
         def deserialize_cuda_engine(self, serialized_engine):
             name = bytes(memoryview(serialized_engine)).split(b"\n", 1)[0].decode()
-            return open_engine(model_dir / name)
+            trt.deserialized.append(name)
+            engine = open_engine(model_dir / name)
+            engine.path = name
+            engine.needs_refit = WEIGHTLESS in bytes(memoryview(serialized_engine))
+            if rtx:
+                engine.create_runtime_config = trt.RuntimeConfig
+            return engine
 
-    trt.Runtime = Runtime
+    class Refitter:
+        def __init__(self, engine, logger):
+            self.engine, self.weights_from = engine, None
+
+        def refit_cuda_engine(self):
+            if self.weights_from != self.engine.path:
+                return False
+            trt.refits.append(self.weights_from)
+            self.engine.needs_refit = False
+            return True
+
+    class OnnxParserRefitter:
+        def __init__(self, refitter, logger):
+            self.refitter = refitter
+
+        def refit_from_file(self, model):
+            if not Path(model).is_file():
+                return False
+            self.refitter.weights_from = Path(model).name
+            return True
+
+    trt.Runtime, trt.Refitter, trt.OnnxParserRefitter = Runtime, Refitter, OnnxParserRefitter
+    trt.refits = []  # the graph each weightless engine was refit from
+    trt.deserialized = []  # the graph of every engine deserialised
+    if rtx:
+        _rtx_runtime_api(trt, cuda)
     return trt
 
 
-def patch(monkeypatch, model_dir: Path, cuda: FakeCuda | None = None) -> FakeCuda:
-    """Patches cuda-python and TensorRT for the backends: `cuda`'s GPU (default: a "Simulated
-    GPU" of 80 GiB, compute capability 9.0), whose engines run the graphs of `model_dir`."""
+RTX_LIBRARY = "tensorrt-rtx"
+RTX_GPU = ("Simulated RTX 4090", 24 << 30, "8.9")  # FakeCuda(*RTX_GPU): a GPU it runs on
+
+
+def patch(monkeypatch, model_dir: Path, cuda: FakeCuda | None = None,
+          library: str = "tensorrt") -> FakeCuda:
+    """Patches cuda-python and one TensorRT for the backends - mainline (the other not
+    installed), or TensorRT for RTX with library="tensorrt-rtx" (mainline then not installed)
+    - on `cuda`'s GPU (default: a "Simulated GPU" of 80 GiB, compute capability 9.0; for
+    TensorRT for RTX a simulated RTX 4090, 8.9), whose engines run the graphs of `model_dir`."""
     import sys
 
     from personaplex_edge.runtime.backends import cuda_runtime
 
-    cuda = cuda or FakeCuda()
+    rtx = library == RTX_LIBRARY
+    cuda = cuda or (FakeCuda(*RTX_GPU) if rtx else FakeCuda())
     monkeypatch.setattr(cuda_runtime, "cudart", lambda: cuda)
-    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt(cuda, model_dir))
+    trt = fake_tensorrt(cuda, model_dir, rtx)
+    monkeypatch.setitem(sys.modules, "tensorrt_rtx" if rtx else "tensorrt", trt)
+    monkeypatch.setitem(sys.modules, "tensorrt" if rtx else "tensorrt_rtx", None)
     return cuda
 
 
-def install(monkeypatch, model_dir: Path, cuda: FakeCuda | None = None) -> FakeCuda:
+def install(monkeypatch, model_dir: Path, cuda: FakeCuda | None = None,
+            library: str = "tensorrt") -> FakeCuda:
     """`patch`, and a simulated engine written for every graph of `model_dir` and recorded in
-    its manifest (the backend named there is kept), as built on that GPU."""
-    cuda = patch(monkeypatch, model_dir, cuda)
-    record_engines(model_dir, cuda.name, "9.0", cuda.memory)
+    its manifest (the backend named there is kept): built on that GPU (mainline), or for the
+    default RTX targets (TensorRT for RTX)."""
+    cuda = patch(monkeypatch, model_dir, cuda, library)
+    if library == RTX_LIBRARY:
+        record_engines(model_dir, "", "", 0, SIMULATED_RTX_VERSION, RTX_LIBRARY,
+                       ("8.6", "8.9", "12.0"))
+    else:
+        record_engines(model_dir, cuda.name, cuda.compute_capability, cuda.memory)
     return cuda
 
 
 def record_engines(model_dir: Path, device_name: str, compute_capability: str,
-                   memory: int, tensorrt_version: str = SIMULATED_TRT_VERSION) -> None:
+                   memory: int, tensorrt_version: str = SIMULATED_TRT_VERSION,
+                   library: str = "tensorrt", targets: tuple[str, ...] = ()) -> None:
     """Writes a stand-in engine for every graph of `model_dir` (its plan: the graph's file
-    name) and records it in the manifest as built on that GPU (the backend named there is
+    name; for TensorRT for RTX, then its header line of version and targets) and records it in
+    the manifest as built on that GPU or for those targets (the backend named there is
     kept)."""
     import dataclasses
 
@@ -509,10 +698,13 @@ def record_engines(model_dir: Path, device_name: str, compute_capability: str,
     graphs = {}
     for name, entry in manifest.graphs.items():
         engine = model_dir / (Path(entry.file).stem + ".engine")
-        engine.write_text(entry.file)
+        plan = entry.file.encode() + b"\n"
+        if library == RTX_LIBRARY:
+            plan += rtx_header(tensorrt_version, ["SM" + cc.replace(".", "") for cc in targets])
+        engine.write_bytes(plan)
         spec = EngineSpec(engine.name, sha256_file(engine), tensorrt_version,
                           compute_capability, device_name, manifest.precision,
-                          device_memory=memory)
+                          device_memory=memory, library=library, targets=targets)
         graphs[name] = dataclasses.replace(entry, engine=spec.to_dict())
     write_manifest(model_dir, dataclasses.replace(manifest, graphs=graphs))
 
@@ -530,9 +722,11 @@ def export_tiny(root: Path) -> Path:
     return root / "fp32"
 
 
-def simulated_copy(model_dir: Path, dst: Path, monkeypatch) -> tuple[Path, FakeCuda]:
-    """A copy of `model_dir` at `dst` with simulated engines, cuda-python and TensorRT patched."""
+def simulated_copy(model_dir: Path, dst: Path, monkeypatch,
+                   library: str = "tensorrt") -> tuple[Path, FakeCuda]:
+    """A copy of `model_dir` at `dst` with simulated engines of `library`, cuda-python and
+    TensorRT patched."""
     import shutil
 
     shutil.copytree(model_dir, dst)
-    return dst, install(monkeypatch, dst)
+    return dst, install(monkeypatch, dst, library=library)

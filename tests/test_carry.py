@@ -1,5 +1,5 @@
-"""scripts/carry.py: a file cut into pieces that each fit one carry to the device machine, and
-joined there only when every piece and the whole are as they were cut."""
+"""scripts/gpu/carry.py: a file cut into pieces that each fit one transfer to an offline GPU
+machine, and joined there only when every piece and the whole are as they were cut."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "gpu"))
 
 from carry import join, split, wrong_pieces  # noqa: E402
 
@@ -30,7 +30,7 @@ def test_pieces_fit_and_join_into_the_same_bytes(big, tmp_path):
     there.mkdir()
     (there / "some.whl.pieces.json").write_bytes((tmp_path / "pieces" / "some.whl.pieces.json")
                                                  .read_bytes())
-    for n in range(3):  # one piece a call
+    for n in range(3):  # one piece a transfer
         assert [w.split()[0] for w in wrong_pieces(there, "some.whl")] == \
             [f"some.whl.part-{k:02d}" for k in range(n, 3)]
         name = f"some.whl.part-{n:02d}"

@@ -15,6 +15,9 @@ runs as a user runs it:
                                                             offsets past 2^31
     run (a few frames, default persona)                     on both: the graphs load, the KV
                                                             ring of [1, 32, 3000, 128] binds
+    the float32 export converted for TensorRT (int4,        an RTX PC's recipe: real TensorRT
+    int8 depformer), its engines built (TensorRT for RTX,   for RTX engines, and the verdict on
+    no GPU needed)                                          the quantised weights for real
 
 A 7B-only failure (a size limit, an offset, a packing) fails here, in a minute, not for a user
 after an hour.
@@ -58,11 +61,26 @@ def speech(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def float32_export(checkpoint, tmp_path_factory):
+    from personaplex_edge.cli import main
+
+    out = tmp_path_factory.mktemp("full_width_fp32") / "fp32"
+    assert main(["export", "--checkpoint", str(checkpoint), "--out", str(out)]) == 0
+    return out
+
+
 def _export_and_run(checkpoint, out, speech, *flags):
+    from personaplex_edge.cli import main
+
+    assert main(["export", "--checkpoint", str(checkpoint), "--out", str(out), *flags]) == 0
+    return _run(out, speech)
+
+
+def _run(out, speech):
     from personaplex_edge.cli import main
     from personaplex_edge.manifest import load_model_dir
 
-    assert main(["export", "--checkpoint", str(checkpoint), "--out", str(out), *flags]) == 0
     manifest = load_model_dir(out)
     text = out.parent / f"{out.name}.json"
     assert main(["run", "--model", str(out), "--input", str(speech), "--output",
@@ -91,11 +109,43 @@ def test_the_cpu_recipe_at_full_width(checkpoint, speech, tmp_path):
 
 
 @pytest.mark.slow
-def test_float32_past_protobufs_limit(checkpoint, speech, tmp_path):
-    out = tmp_path / "fp32"
-    manifest, records = _export_and_run(checkpoint, out, speech)
+def test_float32_past_protobufs_limit(float32_export, speech):
+    out = float32_export
+    manifest, records = _run(out, speech)
     helium = manifest.graphs["helium_step"]
     data = out / next(iter(helium.data_files))
     assert data.stat().st_size > 2**31  # offsets past a signed 32-bit integer
     assert helium.check["how"] == "full"
     assert len(records) >= int(RUN_SECONDS * 12.5)
+
+
+@pytest.mark.slow
+def test_rtx_engines_at_full_width_keep_the_quantised_weights(float32_export, tmp_path):
+    """The float32 export converted for TensorRT (int4 Helium, int8 depformer) builds into real
+    TensorRT for RTX engines (no GPU needed), and at this width the engine's size against its
+    graph's weight bytes is a verdict, not noise: TensorRT for RTX keeps int4 and int8 weights
+    at their width (each engine within a few MB of its quantised weights, far below their
+    float16 size)."""
+    try:
+        import tensorrt_rtx  # noqa: F401
+    except (ImportError, OSError) as e:
+        pytest.skip(f"TensorRT for RTX is not installed ({e}): pip install "
+                    "'personaplex-edge[rtx]' (scripts/install.sh does)")
+    from personaplex_edge.export.precision import convert_model_dir
+    from personaplex_edge.manifest import load_model_dir, write_manifest
+    from personaplex_edge.runtime.backends.trt_build import build_engines, build_setup
+
+    out = tmp_path / "trt-int4"
+    convert_model_dir(float32_export, out, "int4", backend="tensorrt",
+                      depformer_precision="int8", progress=lambda s: None)
+    said = []
+    names = ["helium_step", "depformer_step"]
+    write_manifest(out, build_engines(out, graphs=names, progress=said.append,
+                                      setup=build_setup(["int4", "int8"], "rtx")))
+    manifest = load_model_dir(out)
+    for name in names:
+        (line,) = [s for s in said if s.startswith(f"  {name}.engine: built")]
+        assert line.endswith("weights kept quantised"), line
+        engine = manifest.graphs[name].engine
+        size = (out / engine["file"]).stat().st_size
+        assert engine["weight_bytes"] < size < engine["weight_bytes"] + (64 << 20), line

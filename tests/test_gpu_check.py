@@ -1,4 +1,4 @@
-"""The bare GPU check (scripts/gpu_bare_check.py), run here on the simulated device of
+"""The bare GPU check (scripts/gpu/gpu_bare_check.py), run here on the simulated device of
 tests/fake_gpu.py and the CPU: what these tests check is the check itself - that its stages run
 end to end, that they fail when the code they check is wrong, and that the graph interpreter
 that carries the exported arithmetic to the GPU machine computes what onnxruntime computes.
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts" / "gpu"
 sys.path.insert(0, str(SCRIPTS))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -223,7 +223,7 @@ def test_gpu_check_sh_runs_the_offline_stages_without_a_network(bundle, tmp_path
 
     env = {**os.environ, "GPU_CHECK_OFFLINE": "1", "PYTHON": sys.executable,
            "GPU_BUNDLE": str(bundle), "OUT": str(tmp_path)}
-    proc = subprocess.run(["bash", str(SCRIPTS / "gpu_check.sh"), "--simulate", "--only",
+    proc = subprocess.run(["bash", str(SCRIPTS.parent / "gpu_check.sh"), "--simulate", "--only",
                            "plumbing,arith-fp16"], env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -235,11 +235,14 @@ def test_gpu_check_sh_runs_the_offline_stages_without_a_network(bundle, tmp_path
 
 def test_the_onnxruntime_gpu_check_runs_its_7b_stages_on_the_simulated_device(
         demo_model_dir, tmp_path):
-    """scripts/ort_gpu_check.sh's measurements of the 7B (gpu_check.py --configs 7b) on a
+    """scripts/gpu/ort_gpu_check.sh's measurements of the 7B (gpu_check.py --configs 7b) on a
     skeleton of the demo, simulated (stand-in CUDA sessions computing on the CPU): the weights
     made again, OrtCudaGraph eager with the persona's prefill on the same loaded weights, then
-    replayed as CUDA graphs with the eager run's tokens; the JSON report has each figure. Says
-    nothing of a GPU: it keeps the prepared check from rotting until one is lent."""
+    replayed as CUDA graphs with the eager run's tokens; the JSON report has each figure. Both
+    compute on the same CPU here, so equal tokens alone would prove nothing: the stand-in
+    sessions also count how onnxruntime was asked to run them, and the graph stage's every run
+    must be a replay of a capture, the eager stage's none. Says nothing of a GPU: it keeps the
+    prepared check from rotting between runs on one."""
     import subprocess
 
     import skeleton
@@ -264,5 +267,9 @@ def test_the_onnxruntime_gpu_check_runs_its_7b_stages_on_the_simulated_device(
     rows = {t["backend"]: t for t in result["timings"] if "total_ms" in t}
     assert rows["ort-cuda-graph"]["against"] == "ort-cuda"
     assert rows["ort-cuda-graph"]["agreement"]["frames"] == 1.0
+    frames = 20 + 5  # gpu_check's 7b stages: 20 frames and 5 of warm-up
+    assert rows["ort-cuda-graph"]["simulated_runs"] == {"eager": 0, "graph": 2 * frames}
+    assert rows["ort-cuda"]["simulated_runs"]["graph"] == 0
+    assert rows["ort-cuda"]["simulated_runs"]["eager"] >= 2 * frames  # and the prefill's
     prefill = [t for t in result["timings"] if "prefill_s" in t]
     assert len(prefill) == 1 and prefill[0]["prefill_frames"] == 82

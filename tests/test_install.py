@@ -35,8 +35,8 @@ def test_no_install_puts_both_onnxruntime_builds_side_by_side():
     for extra in EXTRAS:
         assert len(builds & {_name(r) for r in requirements(extra)}) <= 1, extra
     # the combinations docs/install.md and scripts/install.sh use
-    for combo in (("cpu", "export", "dev", "audio"), ("gpu", "export"), ("trt", "cpu"),
-                  ("jetson", "cpu", "audio")):
+    for combo in (("cpu", "export", "dev", "audio", "rtx"), ("gpu", "export"), ("trt", "cpu"),
+                  ("jetson", "cpu", "audio"), ("rtx",)):
         names = {_name(r) for extra in combo for r in requirements(extra)}
         assert len(builds & names) == 1, combo
     assert "cpu" in (ROOT / "scripts" / "install.sh").read_text().split(".[", 1)[1]
@@ -56,14 +56,23 @@ def test_cuda_python_is_pinned_to_each_target_cuda_major_version():
 
 
 def test_the_trt_extras_bring_every_module_the_engine_build_imports():
-    source = (ROOT / "runtime" / "backends" / "trt_build.py").read_text()
-    imported = set(re.findall(r"^\s+import (\w+)", source, re.M))
-    assert {"tensorrt", "onnx"} <= imported
-    for extra in ("trt", "trt-cu12", "trt-cu13", "jetson"):
+    """trt_build imports onnx; trt_library imports the TensorRT module of its library; each
+    extra brings them with cuda-python, the rtx extras the library's own wheel."""
+    backends = ROOT / "runtime" / "backends"
+    assert re.search(r"^\s+import onnx$", (backends / "trt_build.py").read_text(), re.M)
+    modules = re.search(r"_MODULES = \{MAINLINE: \"(\w+)\", RTX: \"(\w+)\"\}",
+                        (backends / "trt_library.py").read_text())
+    assert modules and modules.groups() == ("tensorrt", "tensorrt_rtx")
+    for extra in ("trt", "trt-cu12", "trt-cu13", "jetson", "rtx", "rtx-cu12", "rtx-cu13"):
         names = {_name(r) for r in requirements(extra)}
         assert "onnx" in names and "cuda-python" in names, extra
-        if extra != "jetson":  # a Jetson's TensorRT is JetPack's
-            assert any(n.startswith("tensorrt") for n in names), extra
+        wheels = {n for n in names if n.startswith("tensorrt")}
+        if extra.startswith("rtx"):  # the one distribution whose module is tensorrt_rtx
+            assert wheels == {f"tensorrt-rtx-{extra.split('-')[-1]}" if "-" in extra
+                              else "tensorrt-rtx-cu12"}, extra
+            assert "onnxruntime" in names  # an RTX PC installs from this one line
+        elif extra != "jetson":  # a Jetson's TensorRT is JetPack's
+            assert wheels, extra
 
 
 def test_install_script_probes_the_cpu_torch_index_with_a_short_timeout():

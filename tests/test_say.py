@@ -413,12 +413,13 @@ def test_close_and_restart_drop_the_words_for_the_next_owner(demo_model_dir):
         assert other.say_events() == []
 
 
+@pytest.mark.parametrize("library", ["tensorrt", "tensorrt-rtx"])
 def test_simulated_gpu_say_reads_the_token_back_and_replays_the_frame_otherwise(
-        tiny_export, tmp_path, monkeypatch):
-    """Host-side plumbing on the simulated GPU (tests/fake_gpu.py): on TensorRT the steered
-    frames run the linked pair eagerly, the token read back, steered and written to the
-    depformer's input on the device; the others replay the captured frame. The tokens equal
-    onnxruntime's on the CPU."""
+        tiny_export, tmp_path, monkeypatch, library):
+    """Host-side plumbing on the simulated GPU (tests/fake_gpu.py), with either library: on
+    TensorRT the steered frames run the linked pair eagerly, the token read back, steered and
+    written to the depformer's input on the device; the others replay the captured frame. The
+    tokens equal onnxruntime's on the CPU."""
     import dataclasses
 
     import fake_gpu
@@ -426,7 +427,9 @@ def test_simulated_gpu_say_reads_the_token_back_and_replays_the_frame_otherwise(
     from personaplex_edge.manifest import load_model_dir, write_manifest
     from personaplex_edge.runtime.api import Model
 
-    model_dir, cuda = fake_gpu.simulated_copy(tiny_export, tmp_path / "model", monkeypatch)
+    monkeypatch.setenv("PERSONAPLEX_CACHE", str(tmp_path / "cache"))
+    model_dir, cuda = fake_gpu.simulated_copy(tiny_export, tmp_path / "model", monkeypatch,
+                                              library)
     cpu = Model.load(model_dir, device="cpu")
     write_manifest(model_dir, dataclasses.replace(load_model_dir(model_dir), backend="tensorrt"))
     gpu = Model.load(model_dir)

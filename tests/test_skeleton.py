@@ -1,5 +1,5 @@
-"""scripts/skeleton.py: a model directory's graphs carried without their weights and made
-again on the device machine (how the 7B's fp16 graphs reach it). What must hold there: the
+"""scripts/gpu/skeleton.py: a model directory's graphs carried without their weights and made
+again on an offline GPU machine (how the 7B's fp16 graphs reach one). What must hold there: the
 graphs unchanged, every tensor at its offset, small and integer tensors exact, the made
 weights at the original's scale, a manifest the runtime accepts, and an LM that runs."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "gpu"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 onnx = pytest.importorskip("onnx")
@@ -113,3 +113,42 @@ def test_a_changed_data_file_is_refused(filled, tmp_path):
         f.write(bytes([byte[0] ^ 0xFF]))
     with pytest.raises(ModelDirError):
         load_model_dir(copy)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_half_precision_weights_are_made_again_in_their_own_dtype(demo_model_dir, tmp_path,
+                                                                  precision):
+    """The 7B travels as its fp16 (or bf16) GPU graphs: their 16-bit tables and matrices are
+    made again as 16-bit values of the original's mean and spread (decoded from the stored
+    bytes, finite, not a copy), everything else byte for byte, and the directory loads."""
+    import skeleton
+
+    from personaplex_edge.export.precision import convert_model_dir
+    from personaplex_edge.manifest import load_model_dir
+    from personaplex_edge.voices import bf16_bits_to_float32
+
+    half = tmp_path / precision
+    convert_model_dir(demo_model_dir, half, precision, backend="tensorrt",
+                      progress=lambda s: None)
+    graphs = ["helium_step", "depformer_step"]
+    out = skeleton.fill(skeleton.make(half, tmp_path / "skeleton", graphs, keep_bytes=4096),
+                        tmp_path / "filled")
+    load_model_dir(out, need="lm")  # the new data files' hashes
+    wanted = onnx.TensorProto.FLOAT16 if precision == "fp16" else onnx.TensorProto.BFLOAT16
+    made = 0
+    for graph in graphs:
+        original, again = _tensors(half, graph), _tensors(out, graph)
+        for name, (where, raw) in original.items():
+            raw2 = again[name][1]
+            if where["dtype"] != wanted or raw.size < 4096:
+                assert np.array_equal(raw, raw2), name
+                continue
+            bits, bits2 = raw.view(np.uint16), raw2.view(np.uint16)
+            decode = ((lambda b: b.view(np.float16).astype(np.float32)) if precision == "fp16"
+                      else bf16_bits_to_float32)
+            a, b = decode(bits), decode(bits2)
+            assert np.isfinite(b).all() and not np.array_equal(bits, bits2), name
+            assert abs(b.std() - a.std()) <= 0.1 * a.std() + 1e-3, name
+            assert abs(b.mean() - a.mean()) <= 0.15 * a.std() + 0.02 * abs(a.mean()), name
+            made += 1
+    assert made > 10

@@ -1,11 +1,12 @@
 """TensorRT engines and the GPU backends.
 
 Without a GPU only the parts that need none run: the engine record and its refusal, and the
-backends' host-side plumbing on a simulated GPU (tests/fake_gpu.py, the `test_simulated_gpu_*`
-tests: buffer sizes, addresses, copy geometry, ping-pong, ring positions, capture and replay -
-never CUDA or TensorRT themselves). Everything that needs CUDA and TensorRT skips with the
-reason; scripts/gpu_check.sh runs the same paths at full size on a GPU machine. The engine build
-is tests/test_trt_build.py.
+backends' host-side plumbing on a simulated GPU (tests/fake_gpu.py, the `test_simulated_*`
+tests, with mainline TensorRT's calls or TensorRT for RTX's: buffer sizes, addresses, copy
+geometry, ping-pong, ring positions, capture and replay, validity checks and the JIT's runtime
+cache - never CUDA or TensorRT themselves). Everything that needs CUDA and TensorRT skips with
+the reason; scripts/gpu_check.sh runs the same paths at full size on a GPU machine. The engine
+build is tests/test_trt_build.py (its plumbing) and tests/test_rtx_engines.py (real builds).
 """
 
 from __future__ import annotations
@@ -27,15 +28,21 @@ from personaplex_edge.runtime.backends.trt_engine import check_compatible, engin
 
 
 def _gpu_reason() -> str | None:
-    """None when CUDA (through cuda-python) and TensorRT are usable, else why not."""
-    try:
-        import tensorrt  # noqa: F401
-    except (ImportError, OSError) as e:  # OSError: installed, but its libraries do not load
-        return f"TensorRT's Python bindings are not usable (pip install tensorrt-cu12): {e}"
-    from personaplex_edge.runtime.backends.cuda_runtime import gpu_available
+    """None when CUDA (through cuda-python) and a TensorRT (mainline, or TensorRT for RTX on an
+    RTX card) are usable, else why not."""
+    from personaplex_edge.errors import PersonaPlexError
+    from personaplex_edge.runtime.backends.cuda_runtime import device_info, gpu_available
+    from personaplex_edge.runtime.backends.trt_library import load_library, unsupported_gpu
 
     ok, why = gpu_available()
-    return None if ok else f"no usable CUDA device: {why}"
+    if not ok:
+        return f"no usable CUDA device: {why}"
+    try:
+        info = device_info(0)
+        unsupported_gpu(load_library(None), info.compute_capability, info.name)
+    except PersonaPlexError as e:
+        return f"no TensorRT for this GPU: {e}"
+    return None
 
 
 needs_gpu = pytest.mark.skipif(_gpu_reason() is not None,
@@ -493,14 +500,14 @@ def test_simulated_gpu_device_memory_is_freed_by_close_and_by_dropping_a_model(s
 
 
 def test_simulated_gpu_gpu_check_stages(simulated, tmp_path, monkeypatch):
-    """Host-side plumbing on the simulated GPU: scripts/gpu_check.py's TensorRT stages - engine build, eager and captured LM frames,
+    """Host-side plumbing on the simulated GPU: scripts/gpu/gpu_check.py's TensorRT stages - engine build, eager and captured LM frames,
     codec - on the simulated GPU: each prints ms/frame and compares with onnxruntime CPU
     (agreement 100 % here: the simulated engines are onnxruntime CPU sessions)."""
     import importlib.util
 
     model, _ = simulated
     monkeypatch.setenv("PERSONAPLEX_CACHE", str(tmp_path / "cache"))
-    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "gpu_check.py"
     spec = importlib.util.spec_from_file_location("gpu_check_under_test", path)
     gpu_check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_check)
@@ -529,10 +536,11 @@ def test_simulated_gpu_engine_record_and_tampering(simulated):
     model, _ = simulated
     entry = load_model_dir(model).graphs["depformer_step"]
     engine = model / "depformer_step.engine"
-    engine.write_text(entry.file + " ")  # changed after the build
+    built = engine.read_bytes()
+    engine.write_bytes(built + b" ")  # changed after the build
     with pytest.raises(ModelDirError, match="'depformer_step.engine' does not match its sha256"):
         load_model_dir(model)
-    engine.write_text(entry.file)
+    engine.write_bytes(built)
     data = json.loads((model / MANIFEST).read_text())
     data["graphs"]["depformer_step"]["engine"]["tensorrt_version"] = "10.0.0"
     (model / MANIFEST).write_text(json.dumps(data))
@@ -622,11 +630,12 @@ def test_engine_of_another_gpu_is_refused_at_load(tiny_fp16_engines, tmp_path):
     model = tmp_path / "m"
     shutil.copytree(tiny_fp16_engines / "fp16", model)
     data = json.loads((model / MANIFEST).read_text())
-    data["graphs"]["depformer_step"]["engine"]["compute_capability"] = "1.0"
+    # another GPU's engine, of either library
+    data["graphs"]["depformer_step"]["engine"].update(compute_capability="1.0", targets=["1.0"])
     (model / MANIFEST).write_text(json.dumps(data))
     manifest = load_model_dir(model)
     entry = manifest.graphs["depformer_step"]
-    with pytest.raises(ModelDirError, match="compute capability 1.0"):
+    with pytest.raises(ModelDirError, match="compute capabilit(y|ies) 1.0"):
         TrtEngine(model, manifest, entry).bind()
 
 
@@ -668,18 +677,24 @@ def test_gpu_runtime_and_precision_modules_do_not_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_simulated_gpu_persona_prefill_in_one_engine_call(simulated):
-    """Host-side plumbing on the simulated GPU: on a TensorRT model the persona's forced frames
-    run as one call of helium's engine (its own execution context, the frames axis inside the
-    optimization profile) and land in the device rings at their slots, in a few strided copies
-    per ring; the conversation after equals the one after frame-by-frame prefill, and the one
-    onnxruntime runs on the CPU."""
+@pytest.mark.parametrize("library", ["tensorrt", "tensorrt-rtx"])
+def test_simulated_gpu_persona_prefill_in_one_engine_call(tiny_fp32, tmp_path, monkeypatch,
+                                                          library):
+    """Host-side plumbing on the simulated GPU, with either library: on a TensorRT model the
+    persona's forced frames run as one call of helium's engine (its own execution context, the
+    frames axis inside the optimization profile) and land in the device rings at their slots,
+    in a few strided copies per ring; the conversation after equals the one after
+    frame-by-frame prefill, and the one onnxruntime runs on the CPU."""
+    import fake_gpu
+
     from personaplex_edge.manifest import write_manifest
     from personaplex_edge.runtime.api import Model
     from personaplex_edge.runtime.persona import Persona, build_persona
     from personaplex_edge.runtime.sampling import SamplingParams
 
-    model_dir, cuda = simulated
+    monkeypatch.setenv("PERSONAPLEX_CACHE", str(tmp_path / "cache"))
+    model_dir, cuda = fake_gpu.simulated_copy(tiny_fp32, tmp_path / "model", monkeypatch,
+                                              library)
     cpu_model = Model.load(model_dir, device="cpu")
     write_manifest(model_dir, dataclasses.replace(load_model_dir(model_dir), backend="tensorrt"))
     gpu_model = Model.load(model_dir)
@@ -711,15 +726,202 @@ def test_simulated_gpu_persona_prefill_in_one_engine_call(simulated):
     from personaplex_edge.runtime.persona import persona_key
 
     cpu_on_trt = Model.load(model_dir, device="cpu")
-    assert gpu_model.runs_on == ["tensorrt"] and cpu_on_trt.runs_on == ["onnxruntime-cpu"]
+    assert gpu_model.runs_on == [library] and cpu_on_trt.runs_on == ["onnxruntime-cpu"]
     assert persona_key(gpu_model.loaded, persona) != persona_key(cpu_on_trt.loaded, persona)
+
+
+# ---- TensorRT for RTX on the simulated GPU ---------------------------------------------------------
+
+@pytest.fixture
+def simulated_rtx(tiny_fp32, tmp_path, monkeypatch):
+    """A copy of the tiny model with simulated TensorRT for RTX engines (portable: 8.6, 8.9,
+    12.0) on a simulated RTX 4090 (8.9), mainline TensorRT not installed."""
+    import fake_gpu
+
+    from personaplex_edge.manifest import write_manifest
+
+    monkeypatch.setenv("PERSONAPLEX_CACHE", str(tmp_path / "cache"))
+    model, cuda = fake_gpu.simulated_copy(tiny_fp32, tmp_path / "model", monkeypatch,
+                                          "tensorrt-rtx")
+    write_manifest(model, dataclasses.replace(load_model_dir(model), backend="tensorrt"))
+    return model, cuda
+
+
+def _lm(model, manifest):
+    """Helium and the depformer as a conversation runs them on a GPU (load_graphs picks the
+    library and checks the engines; lm_frame links and captures them)."""
+    from personaplex_edge.runtime.backends import load_graphs
+    from personaplex_edge.runtime.lm_frame import lm_frame
+
+    graphs = load_graphs(model, manifest, ["helium_step", "depformer_step"], "cuda")
+    return lm_frame(graphs["helium_step"], graphs["depformer_step"])
+
+
+def test_simulated_rtx_gpu_runs_the_lm_like_onnxruntime_and_every_sampling_value_on_one_engine(
+        simulated_rtx):
+    """Host-side plumbing on a simulated RTX 4090 (TensorRT for RTX's runtime calls,
+    tests/fake_gpu.py): the portable engines pass their header's validity check before they are
+    deserialised, are JIT-compiled through a runtime config (shape-specialised kernels eager,
+    TensorRT's own CUDA graphs off: ours capture the frame), and the captured, replayed frames
+    give onnxruntime's tokens. Every temperature and top-k then runs on the same contexts and
+    the same capture: no shape set, nothing compiled again. A second start takes the kernels
+    from the runtime cache."""
+    from lm_probe import GreedyLM
+
+    model, cuda = simulated_rtx
+    trt = sys.modules["tensorrt_rtx"]
+    manifest = load_model_dir(model)
+    user = np.random.default_rng(8).integers(0, 2048, (30, 8))
+    cpu = GreedyLM(model, dataclasses.replace(manifest, backend="onnx"), device="cpu",
+                   threads=1).run(user)
+    lm = _lm(model, manifest)
+    assert lm.sequence is not None  # captured
+    np.testing.assert_array_equal(GreedyLM(model, manifest, lm=lm).run(user).tokens, cpu.tokens)
+    assert cuda.launches == len(user)
+    assert trt.deserialized == ["helium_step.onnx", "depformer_step.onnx"]
+    assert len(trt.validity_checks) == 2  # each before its deserialisation
+    assert trt.jit_compiles == ["helium_step.onnx", "depformer_step.onnx"]
+    engines = [lm.helium.graph.engine, lm.depformer.graph.engine]
+    for engine in engines:
+        (config,) = engine.contexts
+        assert config.dynamic_shapes_kernel_specialization_strategy.name == "EAGER"
+        assert config.cuda_graph_strategy.name == "DISABLED"
+    shapes = [list(e.shapes_set) for e in engines]
+    launches = cuda.launches
+    rng = np.random.default_rng(9)
+    for t in range(12):  # sampling values a user may send, frame by frame
+        lm.helium.inputs["text_temperature"][...] = rng.uniform(0.1, 2.0)
+        lm.helium.inputs["text_top_k"][...] = rng.integers(0, 300)
+        lm.depformer.inputs["audio_temperature"][...] = rng.uniform(0.1, 2.0)
+        lm.depformer.inputs["audio_top_k"][...] = rng.integers(0, 300)
+        lm.helium.inputs["text_noise"][...] = rng.gumbel(size=lm.helium.inputs["text_noise"].shape)
+        lm.helium.inputs["position"][...] = len(user) + t
+        lm.run(None)
+    assert cuda.launches - launches == 12  # the one capture replayed
+    assert [list(e.shapes_set) for e in engines] == shapes
+    assert [len(e.contexts) for e in engines] == [1, 1] and len(trt.jit_compiles) == 2
+    lm.close()
+
+    again = _lm(model, manifest)  # a second start
+    assert len(trt.jit_compiles) == 2  # the runtime cache held the kernels
+    assert sorted(p.suffix for p in (model.parent / "cache" / "tensorrt-rtx").iterdir()) == [
+        ".cache", ".cache"]
+    again.close()
+
+
+def test_simulated_rtx_gpu_refuses_a_damaged_or_unfit_engine_and_rebuilds_a_foreign_one(
+        simulated_rtx, monkeypatch):
+    """A damaged engine is refused by its sha256 before TensorRT sees a byte of it; one whose
+    header says it was not built for this GPU (its record says otherwise) is refused with that
+    reason before it is deserialised; one recorded for other targets is rebuilt for this GPU
+    into the per-user cache (no timing cache: TensorRT for RTX has none); a GPU TensorRT for RTX
+    does not run on is one message naming mainline TensorRT."""
+    import fake_gpu
+
+    from personaplex_edge.manifest import MANIFEST, HashMismatch, sha256_file
+    from personaplex_edge.runtime.backends import DeviceUnavailable, load_graphs
+    from personaplex_edge.runtime.backends.trt import TrtEngine
+
+    model, cuda = simulated_rtx
+    trt = sys.modules["tensorrt_rtx"]
+    engine = model / "depformer_step.engine"
+    built = engine.read_bytes()
+    engine.write_bytes(built[:-2] + b"!\n")
+    with pytest.raises(HashMismatch, match="depformer_step.engine"):
+        load_graphs(model, load_model_dir(model), ["depformer_step"], "cuda")
+    assert trt.validity_checks == [] and trt.deserialized == []
+
+    # the header says 8.6 only; the record still says 8.6, 8.9, 12.0
+    engine.write_bytes(b"depformer_step.onnx\n" + fake_gpu.rtx_header(trt.__version__, ["SM86"]))
+    data = json.loads((model / MANIFEST).read_text())
+    data["graphs"]["depformer_step"]["engine"]["sha256"] = sha256_file(engine)
+    (model / MANIFEST).write_text(json.dumps(data))
+    manifest = load_model_dir(model)
+    with pytest.raises(ModelDirError, match="cannot run on this Simulated RTX 4090: it was not "
+                                            "built for this GPU's compute capability"):
+        TrtEngine(model, manifest, manifest.graphs["depformer_step"])
+    assert len(trt.validity_checks) == 1 and trt.deserialized == []
+
+    # recorded (truly) for 8.6 only: built again for this GPU, into the cache
+    data["graphs"]["depformer_step"]["engine"]["targets"] = ["8.6"]
+    (model / MANIFEST).write_text(json.dumps(data))
+    said = []
+    manifest = load_model_dir(model)
+    loaded = load_graphs(model, manifest, ["depformer_step"], "cuda", progress=said.append)
+    assert [s for s in said if "no engine of depformer_step for this Simulated RTX 4090 "
+            "(TensorRT for RTX" in s and "building it into" in s], said
+    ((network, config),) = trt.builds
+    assert [c.name for c in config.targets] == ["SM89"] and config.timing_cache is None
+    loaded["depformer_step"].bind()
+    assert trt.deserialized == ["depformer_step.onnx"]
+
+    fake_gpu.patch(monkeypatch, model, fake_gpu.FakeCuda("Simulated H100", 80 << 30, "9.0"),
+                   "tensorrt-rtx")
+    with pytest.raises(DeviceUnavailable, match="TensorRT for RTX does not run on Simulated "
+                                                "H100 \\(compute capability 9.0\\): use "
+                                                "mainline TensorRT"):
+        load_graphs(model, manifest, ["helium_step"], "cuda")
+
+
+def test_simulated_rtx_gpu_weightless_engines_are_refit_from_the_graphs(simulated_rtx, capsys,
+                                                                       monkeypatch):
+    """`engines --weightless` (on a machine with a GPU) builds engines without their weights
+    (STRIP_PLAN and REFIT), recorded so; loading one refits it from the model's own ONNX graph
+    before it runs, and one that cannot be refit is refused, naming the graph."""
+    from lm_probe import GreedyLM
+
+    from personaplex_edge.cli import main
+    from personaplex_edge.runtime.backends.trt import TrtEngine
+
+    model, _ = simulated_rtx
+    trt = sys.modules["tensorrt_rtx"]
+    assert main(["engines", "--model", str(model), "--graphs", "helium_step,depformer_step",
+                 "--weightless"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("weightless, refit from the graph when loaded") == 2, out
+    manifest = load_model_dir(model)
+    assert [manifest.graphs[n].engine["weightless"] for n in manifest.graphs] == [
+        False, False, True, True]
+    for _, config in trt.builds:
+        assert {trt.BuilderFlag.STRIP_PLAN, trt.BuilderFlag.REFIT} <= config.flags
+    user = np.random.default_rng(2).integers(0, 2048, (12, 8))
+    cpu = GreedyLM(model, dataclasses.replace(manifest, backend="onnx"), device="cpu",
+                   threads=1).run(user)
+    np.testing.assert_array_equal(GreedyLM(model, manifest, lm=_lm(model, manifest)).run(user)
+                                  .tokens, cpu.tokens)
+    assert trt.refits == ["helium_step.onnx", "depformer_step.onnx"]
+    monkeypatch.setattr(trt.OnnxParserRefitter, "refit_from_file", lambda self, path: False)
+    with pytest.raises(ModelDirError, match="depformer_step.engine is weightless and could not "
+                                            "be refit: depformer_step.onnx does not hold"):
+        TrtEngine(model, manifest, manifest.graphs["depformer_step"])
+
+
+def test_with_both_libraries_installed_a_model_runs_on_the_one_that_built_it(simulated_rtx,
+                                                                           monkeypatch):
+    """Mainline TensorRT and TensorRT for RTX side by side on an RTX card: a model's RTX
+    engines are run by TensorRT for RTX; a model without engines gets the default, mainline;
+    on a GPU TensorRT for RTX does not run on, mainline again."""
+    import fake_gpu
+
+    from personaplex_edge.runtime.backends.trt_build import runtime_library
+
+    model, cuda = simulated_rtx
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_gpu.fake_tensorrt(cuda, model))
+    manifest = load_model_dir(model)
+    names = list(manifest.graphs)
+    assert runtime_library(manifest, names).name == "tensorrt-rtx"
+    bare = dataclasses.replace(manifest, graphs={n: dataclasses.replace(g, engine=None)
+                                                 for n, g in manifest.graphs.items()})
+    assert runtime_library(bare, names).name == "tensorrt"
+    cuda.compute_capability = "9.0"
+    assert runtime_library(manifest, names).name == "tensorrt"
 
 
 def test_simulated_gpu_ort_cuda_checks_its_graph_and_its_one_captured_conversation(simulated):
     """Host-side plumbing on the simulated GPU (onnxruntime CPU behind a stand-in CUDA
     session): OrtCudaModelGraph refuses a graph whose signature disagrees with the manifest,
     as the other backends do, and with cuda_graph serves one conversation only."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "gpu"))
     from standin_engine import cuda_sessions
 
     from personaplex_edge.manifest import TensorSpec

@@ -311,3 +311,28 @@ def test_a_transcriber_from_the_hub_by_its_id(tmp_path, monkeypatch, run_outputs
                  "--output", str(tmp_path / "o.wav"), "--user-text-out", str(tmp_path / "u.json"),
                  "--greedy", "--no-persona"]) == 0
     assert json.loads((tmp_path / "u.json").read_text()) == run_outputs["user"]
+
+
+def test_the_transcriber_runs_on_a_simulated_rtx_gpu_as_on_the_cpu(run_outputs, tmp_path,
+                                                                    monkeypatch):
+    """A model with a transcriber, exported for TensorRT, on a simulated RTX card
+    (tests/fake_gpu.py: TensorRT for RTX's runtime calls, the engines computing on the CPU):
+    the transcriber's engine is checked and loaded beside the LM's, and the user's words of
+    `run --user-text-out` are the CPU's, token for token."""
+    import dataclasses
+    import sys
+
+    import fake_gpu
+
+    from personaplex_edge.manifest import load_model_dir, write_manifest
+
+    monkeypatch.setenv("PERSONAPLEX_CACHE", str(tmp_path / "cache"))
+    model, _ = fake_gpu.simulated_copy(stt_model_dir(), tmp_path / "model", monkeypatch,
+                                       "tensorrt-rtx")
+    write_manifest(model, dataclasses.replace(load_model_dir(model), backend="tensorrt"))
+    work = run_outputs["work"]
+    assert main(["run", "--model", str(model), "--input", str(work / "in.wav"), "--output",
+                 str(tmp_path / "out.wav"), "--user-text-out", str(tmp_path / "user.json"),
+                 "--greedy", "--no-persona", "--device", "cuda"]) == 0
+    assert "transcriber_step.onnx" in sys.modules["tensorrt_rtx"].deserialized
+    assert json.loads((tmp_path / "user.json").read_text()) == run_outputs["user"]

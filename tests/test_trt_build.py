@@ -2,8 +2,9 @@
 
 Everything here is host-side plumbing on the simulated GPU (tests/fake_gpu.py): which calls the
 build makes of TensorRT's documented Python API, what it records, what it says, and what it
-leaves on disk when a build fails. TensorRT itself - whether it parses and builds these graphs,
-and how large its engines really are - only a GPU machine can show (scripts/gpu_check.sh).
+leaves on disk when a build fails. Whether TensorRT parses and builds these graphs, and how large
+its engines really are, test_rtx_engines.py shows with the real TensorRT for RTX (no GPU
+needed); mainline TensorRT's own builds only a GPU machine can show (scripts/gpu_check.sh).
 """
 
 from __future__ import annotations
@@ -200,20 +201,18 @@ def test_simulated_gpu_engines_command(simulated, capsys):
     assert "has no graph helium; its graphs: mimi_encoder" in err and "Traceback" not in err
 
 
-def test_without_tensorrt_the_engines_command_is_one_message(tiny_fp32, capsys):
-    """Without TensorRT: one message naming the extras, exit 2, and the directory untouched."""
-    try:
-        import tensorrt  # noqa: F401
-        pytest.skip(not_installable("TensorRT is installed: this test is of a machine "
-                                    "without it"))
-    except (ImportError, OSError):
-        pass
+def test_without_tensorrt_the_engines_command_is_one_message(tiny_fp32, capsys, monkeypatch):
+    """Neither TensorRT importable: one message naming both install lines, exit 2, and the
+    directory untouched."""
     from personaplex_edge.cli import main
 
+    for module in ("tensorrt", "tensorrt_rtx"):
+        monkeypatch.setitem(sys.modules, module, None)  # import fails as if not installed
     before = _tree(tiny_fp32)
     assert main(["engines", "--model", str(tiny_fp32)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "personaplex-edge[trt-cu12]" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "pip install 'personaplex-edge[rtx]'" in err and "personaplex-edge[trt-cu12]" in err
     assert _tree(tiny_fp32) == before
 
 

@@ -25,9 +25,19 @@ def test_the_export_workflow_runs_commands_the_cli_accepts():
     assert used <= set(inputs), used - set(inputs)
     sample = {"CHECKPOINT": "nvidia/personaplex-7b-v1", "PRECISION": "int4",
               "DEPFORMER_PRECISION": "int8", "BACKEND": "tensorrt",
-              "TARGET_REPO": "someone/personaplex-int4", "PRIVATE": "true"}
+              "TARGET_REPO": "someone/personaplex-int4", "PRIVATE": "true", "RTX_ENGINES": "true"}
     assert set(sample) <= set(env)
-    flags = "--depformer-precision int8 --no-engines --private"
+    script = "".join(step.get("run", "") for step in job["steps"])
+    assert "flags+=(--library rtx)" in script and "flags+=(--no-engines)" in script
+    for flags, engines in (("--depformer-precision int8 --no-engines --private", None),
+                           ("--depformer-precision int8 --library rtx --private", "rtx")):
+        export = _commands(job, sample, flags)
+        assert export.library == ("rtx" if engines else "auto")
+        assert export.no_engines == (engines is None)
+
+
+def _commands(job, sample, flags):
+    """The workflow's two commands parsed with `flags` for its "${flags[@]}"; the export's."""
     commands = []
     for step in job["steps"]:
         script = step.get("run", "").replace("\\\n", " ")
@@ -44,5 +54,6 @@ def test_the_export_workflow_runs_commands_the_cli_accepts():
     assert export.push_to_hub == verify.model == "someone/personaplex-int4"
     assert (export.precision, export.depformer_precision, export.backend) == (
         "int4", "int8", "tensorrt")
-    assert export.no_engines and export.private
+    assert export.private
     assert verify.checkpoint == export.checkpoint and verify.json
+    return export

@@ -72,16 +72,21 @@ class DeviceUnavailable(PersonaPlexError):
 
 def _gpu_backend(model_dir: Path, manifest: Manifest, names: Sequence[str],
                  progress: Callable[[str], None]) -> dict[str, LoadedGraph]:
-    """The graphs on the GPU: TensorRT engines for a TensorRT model (the model directory's
-    own where they were built for this GPU, else built on first use into the per-user cache),
+    """The graphs on the GPU: TensorRT engines for a TensorRT model (mainline TensorRT or
+    TensorRT for RTX; the model directory's own where they run on this GPU, else built on first
+    use into the per-user cache),
     else onnxruntime's CUDA provider (rings on the device through cuda-python). Raises
     PersonaPlexError with the reason where that cannot work here."""
     if manifest.backend == "tensorrt":
-        from .trt import TrtEngine, import_tensorrt  # only where TensorRT is installed
+        from .trt import TrtEngine  # only where TensorRT is installed
         from .trt_build import engines_for_this_gpu
+        from .trt_library import TensorRTMissing
 
-        import_tensorrt()  # its message, rather than the engine build's, where it is missing
-        engines = engines_for_this_gpu(model_dir, manifest, list(names), progress)
+        try:
+            engines = engines_for_this_gpu(model_dir, manifest, list(names), progress)
+        except TensorRTMissing as e:
+            raise DeviceUnavailable(f"this model runs on TensorRT engines, and {e}; or export "
+                                    "the model again with --backend onnx") from None
         return {n: TrtEngine(model_dir, manifest, engines[n].entry,
                              engine_dir=engines[n].directory) for n in names}
     if "CUDAExecutionProvider" not in choose_providers("auto"):
@@ -144,5 +149,6 @@ def load_graphs(model_dir: str | Path, manifest: Manifest, names: Sequence[str],
 
 
 def trt_loaded(graph: LoadedGraph) -> bool:
-    """Whether `graph` is a TensorRT engine (without importing TensorRT where it is not)."""
+    """Whether `graph` is a TensorRT engine, of either library (without importing TensorRT
+    where it is not)."""
     return type(graph).__name__ == "TrtEngine" and type(graph).__module__.endswith(".trt")

@@ -1,18 +1,20 @@
 """Where the TensorRT engine of each graph comes from on this GPU: the model directory's own, or
 the per-user cache's.
 
-An engine only runs on the GPU model and TensorRT version that built it (trt_engine.py), so a
-model downloaded from the hub, or exported on another machine, has none that fits; and the model
-directory is read-only to the runtime. Engines built on first use (trt_build.py) therefore go to
+An engine only runs with the library and version that built it, on the GPU model it was built
+on (mainline TensorRT) or the compute capabilities it was built for (TensorRT for RTX:
+trt_engine.py), so a model downloaded from the hub, or exported on another machine, may have
+none that fits; and the model directory is read-only to the runtime. Engines built on first use
+(trt_build.py) therefore go to
 
-    <user cache>/engines/<manifest sha256>/<GPU name>-<memory>GiB-sm<cc>-trt<TensorRT version>/
+    <user cache>/engines/<manifest sha256>/<GPU name>-<memory>GiB-sm<cc>-<library><version>/
         <graph>.engine, ...      written whole or not at all (a temporary, then one rename)
         engines.json             {graph: EngineSpec}, written after its engine, atomically
 
 keyed by exactly what decides whether an engine runs: the model (its manifest's hash), the GPU
-(name, memory, compute capability) and TensorRT. Another GPU or TensorRT gets a directory of its
-own; a re-exported model (another manifest) too. The model directory's own engine wins where it
-was built for this GPU.
+(name, memory, compute capability) and the library ("trt" or "rtx", and its version). Another
+GPU or library gets a directory of its own; a re-exported model (another manifest) too. The
+model directory's own engine wins where it runs on this GPU.
 """
 
 from __future__ import annotations
@@ -46,17 +48,20 @@ class Located:
 
 @dataclass(frozen=True)
 class Target:
-    """What an engine is built by and for: this TensorRT on this GPU."""
+    """What an engine is built by and for: this library (mainline TensorRT or TensorRT for RTX)
+    on this GPU."""
 
     tensorrt_version: str
     compute_capability: str
     device_name: str
     device_memory: int
+    library: str = "tensorrt"
 
     def runs(self, spec: EngineSpec, model_dir: Path) -> bool:
         try:
             check_compatible(spec, self.tensorrt_version, self.compute_capability,
-                             self.device_name, model_dir, device_memory=self.device_memory)
+                             self.device_name, model_dir, device_memory=self.device_memory,
+                             library=self.library)
         except ModelDirError:
             return False
         return True
@@ -65,10 +70,11 @@ class Target:
 def engine_cache_dir(model_dir: str | Path, target: Target) -> Path:
     """The cache directory of `model_dir`'s engines for `target` (module docstring)."""
     gpu = re.sub(r"[^A-Za-z0-9.]+", "-", target.device_name).strip("-") or "gpu"
+    library = "rtx" if target.library == "tensorrt-rtx" else "trt"
     return user_cache_dir(
         "engines", manifest_sha256(model_dir),
         f"{gpu}-{round(target.device_memory / 2**30)}GiB-"
-        f"sm{target.compute_capability.replace('.', '')}-trt{target.tensorrt_version}")
+        f"sm{target.compute_capability.replace('.', '')}-{library}{target.tensorrt_version}")
 
 
 def read_records(directory: Path) -> dict[str, dict]:

@@ -18,7 +18,9 @@ The same surface as `OrtGraph`: `inputs` / `outputs` are host arrays (write the 
   (helium's hidden state into the depformer) so a frame's graphs chain on the device, and
   `cuda_graphs.CapturedSequence` can capture such a chain and replay it with one launch.
 
-Torch-free: TensorRT's Python bindings and cuda-python only.
+The engine may be mainline TensorRT's or TensorRT for RTX's: what differs on loading (the
+validity check of the engine's header, the runtime cache of the JIT's kernels) is
+trt_library.py. Torch-free: TensorRT's Python bindings and cuda-python only.
 """
 
 from __future__ import annotations
@@ -35,59 +37,69 @@ from .cuda_runtime import (CudaError, DeviceBuffer, Stream, call, copy_to_device
 from .device_graph import DeviceGraph, nbytes
 from .device_rings import ALIGN
 from .state import dims_agree, host_dtype
-from .trt_engine import check_compatible, check_engine_file, engine_spec
+from .trt_engine import REBUILD, check_compatible, check_engine_file, engine_spec
+from .trt_library import RuntimeCache, load_library, rtx_refusal, unsupported_gpu
 
 # TensorRT DataType names -> manifest dtypes
 _TRT_DTYPES = {"FLOAT": "float32", "HALF": "float16", "BF16": "bfloat16", "INT64": "int64",
                "INT32": "int32", "BOOL": "bool", "INT8": "int8", "UINT8": "uint8"}
 
 
-def import_tensorrt():
-    try:
-        import tensorrt
-    except (ImportError, OSError) as e:  # OSError: the wheel is there, its libraries do not load
-        raise ModelDirError(
-            "this model directory holds TensorRT engines, which need TensorRT's Python "
-            "bindings: pip install 'personaplex-edge[trt]' (NVIDIA hosts the TensorRT wheels "
-            "on pypi.nvidia.com; on a Jetson, use the JetPack TensorRT) - or export the model "
-            f"again with --backend onnx ({e})") from e
-    return tensorrt
-
-
-
 class TrtEngine:
-    """A graph of a model directory as a deserialised TensorRT engine, refused before loading
-    where it was built for another TensorRT or GPU (see trt_engine.py)."""
+    """A graph of a model directory as a deserialised TensorRT engine (mainline TensorRT or
+    TensorRT for RTX, the library its record names), refused before loading where it was built
+    for another library version or GPU (trt_engine.py) or, for TensorRT for RTX, where the
+    engine's header says it cannot run here (trt_library.py)."""
 
     def __init__(self, model_dir: str | Path, manifest: Manifest, entry: GraphEntry,
                  device: int = 0, engine_dir: str | Path | None = None):
         """`engine_dir`: where the engine file is, when not beside its graph (the per-user
         cache's engines, engine_cache.py)."""
-        self.runs_on = "tensorrt"
-        trt = import_tensorrt()
         self.entry = entry
         self.device_index = device
         model_dir = Path(model_dir)
-        info = device_info(device)
         spec = engine_spec(model_dir, entry)
-        check_compatible(spec, trt.__version__, info.compute_capability, info.name, model_dir,
-                         device_memory=info.total_memory)
+        self.lib = load_library(spec.library)
+        self.runs_on = self.lib.name
+        trt = self.lib.trt
+        info = device_info(device)
+        unsupported_gpu(self.lib, info.compute_capability, info.name)
+        check_compatible(spec, self.lib.version, info.compute_capability, info.name, model_dir,
+                         device_memory=info.total_memory, library=self.lib.name)
         # its sha256 checked before: by load_model_dir, or engine_cache for the cache's
         path = check_engine_file(engine_dir or model_dir, spec)
         call("cudaSetDevice", device)
         self._logger = trt.Logger(trt.Logger.WARNING)
         self._runtime = trt.Runtime(self._logger)
+        refused = rtx_refusal(self.lib, self._runtime, path)
+        if refused:
+            raise ModelDirError(f"{path} cannot run on this {info.name}: {refused}. "
+                                + REBUILD.format(model_dir=model_dir)[0].upper()
+                                + REBUILD.format(model_dir=model_dir)[1:])
         self.engine = self._runtime.deserialize_cuda_engine(path.read_bytes())
         if self.engine is None:
-            raise ModelDirError(f"TensorRT could not load {path} (see its log above); rebuild "
-                                "the engines on this machine")
+            raise ModelDirError(f"{self.lib.title} could not load {path} (see its log above); "
+                                "rebuild the engines on this machine")
+        if spec.weightless:  # its weights are the graph's, read back in now
+            failed = self.lib.refit(self.engine, model_dir / entry.file, self._logger)
+            if failed:
+                raise ModelDirError(f"{path} is weightless and could not be refit: {failed}. "
+                                    + REBUILD.format(model_dir=model_dir)[0].upper()
+                                    + REBUILD.format(model_dir=model_dir)[1:])
         self._check_signature()
+        self._jit = RuntimeCache(self.lib, spec.sha256, info.name)
+
+    def context(self):
+        """A new execution context (TensorRT for RTX compiles the engine's kernels for this GPU
+        here, or takes them from the runtime cache, which is then kept)."""
+        context = self._jit.context(self.engine)
+        self._jit.save()
+        return context
 
     def _check_signature(self) -> None:
         """The engine's tensors must be exactly what the manifest promises: the same names,
         each an input or an output as promised, with the same shape and dtype."""
-        import tensorrt as trt
-
+        trt = self.lib.trt
         e = self.entry
         want: dict[str, tuple] = {}
         for t in e.inputs:
@@ -143,7 +155,7 @@ class TrtGraph(DeviceGraph):
         call("cudaSetDevice", graph.device_index)
         self._own_stream = stream is None
         self._allocate(graph.entry, stream or Stream())
-        self.context = graph.engine.create_execution_context()
+        self.context = graph.context()
         for t in self.entry.inputs:  # fixes any dynamic dimension at the manifest's size
             if -1 in tuple(graph.engine.get_tensor_shape(t.name)):
                 self.context.set_input_shape(t.name, tuple(t.shape))
@@ -217,7 +229,7 @@ class TrtGraph(DeviceGraph):
                                 "without state tensors")
         count = next(iter(frames.values())).shape[1]
         if self._frames_context is None:
-            self._frames_context = self.graph.engine.create_execution_context()
+            self._frames_context = self.graph.context()
         ctx, temps = self._frames_context, []
 
         def address(name: str, ptr: int) -> None:

@@ -1,28 +1,42 @@
-"""TensorRT engines from a model directory's ONNX graphs, built for the GPU of this machine.
+"""TensorRT engines from a model directory's ONNX graphs: with mainline TensorRT for the GPU of
+this machine, or with TensorRT for RTX for a set of GPU generations on any machine, a GPU or none.
 
-Engine building is device-side work: it runs where the engines will run (a Jetson, an RTX box),
-where torch is not installed, so it lives in the runtime and needs only TensorRT, cuda-python and
-onnx (the `trt-cu12` / `trt-cu13` / `jetson` extras). The export calls `build_engines` on its
-staging directory when it is handed it; `personaplex-edge engines --model DIR` calls
-`rebuild_engines`, which builds in a staging copy of DIR (hard links, so the weights are not
-copied) and swaps it in only when every engine is built: a failure part-way leaves the old
-engines and manifest as they were. A model directory the runtime may not write (a hub snapshot,
-a read-only copy: user_cache.writable_dir) has its engines built into the per-user cache
-instead (engine_cache.py), by that command or on first use (`engines_for_this_gpu`).
+Engine building is device-side work: it runs where the engines will run (a Jetson, a data-centre
+GPU) or, with TensorRT for RTX, anywhere (a CI runner, the machine that publishes a model), where
+torch is not installed, so it lives in the runtime and needs only TensorRT, cuda-python and onnx
+(the `rtx`, `trt-cu12` / `trt-cu13` and `jetson` extras). What differs between the two libraries
+is trt_library.py. The export calls `build_engines` on its staging directory when it is handed
+it; `personaplex-edge engines --model DIR` calls `rebuild_engines`, which builds in a staging
+copy of DIR (hard links, so the weights are not copied) and swaps it in only when every engine
+is built: a failure part-way leaves the old engines and manifest as they were. A model directory
+the runtime may not write (a hub snapshot, a read-only copy: user_cache.writable_dir) has its
+engines built into the per-user cache instead (engine_cache.py), by that command or on first use
+(`engines_for_this_gpu`). The graphs built are the manifest's, whatever they are.
 
 The graphs already carry their precision (export/precision.py, backend "tensorrt"): fp16/bf16
 islands, and weight-only int8/int4/fp8 as DequantizeLinear on the weights. The network is built
 strongly typed - TensorRT takes every tensor's type from the graph instead of choosing per layer
-- which is what TensorRT 10 recommends for such graphs and the only mode TensorRT 11 has.
-float32 graphs are built with TF32 off, so that a float32 engine can be checked token for token
-against onnxruntime on the CPU.
+- which is what TensorRT 10 recommends for such graphs and the only mode TensorRT 11 and TensorRT
+for RTX have. float32 graphs are built with TF32 off, so that a float32 engine can be checked
+token for token against onnxruntime on the CPU. No input may feed a shape computation (TensorRT
+would make it a shape tensor: each new value a new shape, new kernels and a new CUDA graph, e.g.
+a top-k fed to TopK's K); a graph that has one is refused, naming it.
 
-Each engine is recorded with what it was built by and for (contract.EngineSpec: TensorRT
-version, compute capability, GPU name and memory size) and the weight bytes its graph holds;
-after each build the engine's size is compared with those bytes, which tells whether TensorRT
-kept quantised weights quantised or folded them back to float16 (TensorRT documents weight-only
-quantisation for INT4 only). Building is slow (tactic timing), so a timing cache is kept per GPU
-type and TensorRT version and reused by later builds.
+Each engine is recorded with what it was built by and for (contract.EngineSpec: the library and
+its version; mainline, the GPU's compute capability, name and memory size; TensorRT for RTX, its
+targets) and the weight bytes its graph holds; after each build the engine's size is compared
+with those bytes, which tells whether TensorRT kept quantised weights quantised or folded them
+back to float16. Mainline TensorRT's builds are slow (tactic timing), so a timing cache is kept
+per GPU type and TensorRT version and reused by later builds. A failed parse or build is one
+EngineBuildError carrying TensorRT's own messages.
+
+Weightless engines (`weightless`, --weightless: STRIP_PLAN and the refit each library documents)
+hold no weights: the runtime refits them from the model's own ONNX graphs when it loads them
+(trt.py), so a model published with its engines carries its weights once, not twice - an
+engine is its weights plus a few MB (the 7B's int4 Helium: 4.0 GB beside 4.0 GB of graph
+weights). The price is a read of the weights at every load, and TensorRT for RTX 1.7 builds
+refittable engines only on a machine with a GPU (without one its builder fails inside): so they
+are asked for, never the default; engines built without a GPU keep their weights.
 """
 
 from __future__ import annotations
@@ -41,36 +55,18 @@ from personaplex_edge.manifest import Manifest, load_model_dir, sha256_file, wri
 from personaplex_edge.user_cache import user_cache_dir, writable_dir
 
 from .engine_cache import Located, Target, add_record, engine_cache_dir, locate
+from .trt_library import (CHOICES, INSTALL, RTX, Library, build_targets, library_of,
+                          load_library, unsupported_gpu)
 
 Progress = Callable[[str], None]
-# fp8 tensor cores: Ada (8.9) and Hopper (9.0) and newer; Orin (8.7) has none
-FP8_MIN_CC = (8, 9)
 ENGINES_COMMAND = "personaplex-edge engines --model {model_dir}"
-_INSTALL_TRT = ("pip install 'personaplex-edge[trt-cu12]' (or [trt-cu13] for a CUDA 13 driver; "
-                "on a Jetson, JetPack's TensorRT in a venv made with --system-site-packages and "
-                "'personaplex-edge[jetson]')")
-# a verdict on quantised weights needs a difference the engine's own overhead (kernels,
-# tactics: a few MB) cannot hide
-_VERDICT_MIN_BYTES = 16 << 20
+# a verdict on quantised weights needs a difference the engine's own code cannot hide: a
+# TensorRT for RTX engine carries a few to ~15 MB of kernels whatever its weights
+_VERDICT_MIN_BYTES = 64 << 20
 
 
 class EngineBuildError(PersonaPlexError):
     """TensorRT could not parse a graph or build its engine, or cannot be used here."""
-
-
-def _tensorrt():
-    try:
-        import tensorrt
-    except (ImportError, OSError) as e:  # OSError: the wheel is there, its libraries do not load
-        raise EngineBuildError(f"building engines needs TensorRT's Python bindings ({e}): "
-                               + _INSTALL_TRT) from None
-    major = int(tensorrt.__version__.split(".")[0])
-    if major < 10:
-        # before 10 a network without EXPLICIT_BATCH is implicit-batch (the ONNX parser
-        # refuses it), int64 inputs do not exist, and fp16 layers need builder flags
-        raise EngineBuildError(f"TensorRT {tensorrt.__version__} is too old: the engines need "
-                               f"TensorRT 10 or newer ({_INSTALL_TRT}; JetPack 6.2)")
-    return tensorrt
 
 
 def _onnx():
@@ -78,7 +74,7 @@ def _onnx():
         import onnx
     except ImportError:
         raise EngineBuildError("building engines reads the graphs with onnx: "
-                               + _INSTALL_TRT) from None
+                               + INSTALL[RTX]) from None
     return onnx
 
 
@@ -86,6 +82,71 @@ def _device():
     from .cuda_runtime import device_info
 
     return device_info(0)
+
+
+@dataclass(frozen=True)
+class BuildSetup:
+    """What engines are built with and for: the library, the compute capabilities, and (mainline
+    TensorRT) the GPU of this machine they are built on."""
+
+    lib: Library
+    targets: tuple[str, ...]
+    device: object | None = None  # cuda_runtime.DeviceInfo, mainline only
+    weightless: bool = False  # engines without their weights, refit from the graphs on load
+
+    def describe(self) -> str:
+        kind = "weightless engines, " if self.weightless else ""
+        if self.device is None:
+            return (f"{kind}{self.lib.title}, compute capabilities {', '.join(self.targets)}"
+                    + ("" if self.weightless else " (no GPU needed to build)"))
+        d = self.device
+        return (f"{kind}{d.name} (sm {d.compute_capability}, {d.total_memory / 2**30:.0f} GiB), "
+                f"{self.lib.title}")
+
+
+def build_setup(precisions: Iterable[str] = (), library: str | None = None,
+                targets: Iterable[str] | None = None,
+                weightless: bool = False) -> BuildSetup:
+    """Checks that engines of `precisions` can be built here - the library (`library`: "auto",
+    "tensorrt", "rtx"), onnx, for mainline TensorRT (and weightless engines) a CUDA GPU, every
+    precision on every target - before an export spends an hour on the graphs. Raises
+    PersonaPlexError naming the fix."""
+    library = library or "auto"
+    if library not in CHOICES:
+        raise EngineBuildError(f"--library {library}: choose one of {', '.join(CHOICES)}")
+    lib = load_library(CHOICES[library])
+    _onnx()
+    asked = tuple(targets) if targets else None
+    if lib.rtx:
+        setup = BuildSetup(lib, build_targets(lib, precisions, asked), weightless=weightless)
+        if weightless:
+            _gpu_for_weightless(lib)
+        return setup
+    if asked:  # refused before the GPU is looked for
+        build_targets(lib, precisions, asked)
+    info = _device()
+    return BuildSetup(lib, build_targets(lib, precisions, gpu_cc=info.compute_capability), info,
+                      weightless)
+
+
+def _gpu_for_weightless(lib: Library) -> None:
+    """TensorRT for RTX compiles refittable weights on a GPU even ahead of time (1.7: without
+    one its builder fails inside, expecting CUDA_SUCCESS), so a weightless build without a GPU
+    is refused before it starts."""
+    from .cuda_runtime import CudaError
+
+    try:
+        _device()
+    except CudaError as e:
+        raise EngineBuildError(f"--weightless: {lib.title} builds weightless (refittable) "
+                               f"engines only on a machine with an NVIDIA GPU ({e}); build "
+                               "them there, or build engines with their weights here") from None
+
+
+def preflight(precisions: Iterable[str] = (), library: str | None = None,
+              targets: Iterable[str] | None = None) -> str:
+    """`build_setup`, described in one line (what the export prints before it starts)."""
+    return build_setup(precisions, library, targets).describe()
 
 
 def default_timing_cache(trt_version: str, compute_capability: str) -> Path:
@@ -136,10 +197,12 @@ def graph_weight_bytes(path: Path) -> WeightBytes:
     return WeightBytes(stored, widened)
 
 
-def weights_verdict(engine_bytes: int, weights: WeightBytes) -> str:
+def weights_verdict(engine_bytes: int, weights: WeightBytes, weightless: bool = False) -> str:
     """What the engine's size says about its weights (a phrase for the build's output)."""
     mb = 1e6
     sizes = (f"engine {engine_bytes / mb:.1f} MB, graph weights {weights.stored / mb:.1f} MB")
+    if weightless:
+        return sizes + ": weightless, refit from the graph when loaded"
     if weights.as_float16 == weights.stored:
         return sizes
     sizes += f" quantised / {weights.as_float16 / mb:.1f} MB as float16"
@@ -153,23 +216,29 @@ def weights_verdict(engine_bytes: int, weights: WeightBytes) -> str:
 
 # ---- building -----------------------------------------------------------------------------------
 
-def preflight(precisions: Iterable[str] = ()) -> str:
-    """Checks that engines can be built here at all - TensorRT 10+, onnx, a CUDA GPU, fp8
-    support where asked - before an export spends an hour on the graphs. Returns the GPU's
-    description; raises EngineBuildError (or the CUDA error) naming the fix."""
-    trt = _tensorrt()
-    _onnx()
-    info = _device()
-    _check_fp8(precisions, info)
-    return (f"{info.name} (sm {info.compute_capability}, {info.total_memory / 2**30:.0f} GiB), "
-            f"TensorRT {trt.__version__}")
+def _captured_log(trt):
+    """A TensorRT logger that keeps the errors and warnings of one parse and build for the
+    failure's message; a build that succeeds says nothing (its warnings are the parser's notes
+    on int64 inputs)."""
 
+    class CapturedLog(trt.ILogger):
+        def __init__(self):
+            trt.ILogger.__init__(self)
+            self.errors: list[str] = []
+            self.warnings: list[str] = []
 
-def _check_fp8(precisions: Iterable[str], info) -> None:
-    major, minor = (int(x) for x in info.compute_capability.split("."))
-    if "fp8" in set(precisions) and (major, minor) < FP8_MIN_CC:
-        raise EngineBuildError(f"fp8 needs compute capability >= 8.9 (Ada, Hopper); "
-                               f"{info.name} is {info.compute_capability}. Use int8 or int4.")
+        def log(self, severity, msg):
+            name = getattr(severity, "name", str(severity))
+            if name in ("INTERNAL_ERROR", "ERROR"):
+                self.errors.append(msg)
+            elif name == "WARNING" and "Int64 binding" not in msg:
+                self.warnings.append(msg)
+
+        def message(self) -> str:
+            lines = self.errors + self.warnings
+            return "\n  ".join(lines[:10]) if lines else "(TensorRT said nothing more)"
+
+    return CapturedLog()
 
 
 def _timing_cache(trt, config, cache_path: Path, progress: Progress):
@@ -204,90 +273,141 @@ def _profile(trt, builder, network, max_frames: int):
     return profile
 
 
-def _serialize(trt, onnx_path: Path, precision: str, cache_path: Path,
-               workspace_bytes: int | None, progress: Progress, max_frames: int = 1):
-    """Parses the graph and builds its plan; returns (plan, config, seconds)."""
-    logger = trt.Logger(trt.Logger.WARNING)
-    builder = trt.Builder(logger)
-    flags = 0
-    strongly_typed = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
-    if strongly_typed is not None:  # needed in 10; deprecated (always on) from 11
-        flags |= 1 << int(strongly_typed)
-    network = builder.create_network(flags)
-    parser = trt.OnnxParser(network, logger)
+def shape_inputs(network) -> list[str]:
+    """The network's inputs that feed a shape computation (TensorRT's shape tensors)."""
+    inputs = [network.get_input(i) for i in range(network.num_inputs)]
+    return [t.name for t in inputs if t.is_shape_tensor]
+
+
+def _write_plan(trt, builder, network, config, out: Path) -> bool:
+    """Builds the plan into the file `out`. Where the library can (TensorRT for RTX, mainline
+    TensorRT 10.x's later releases), straight to the file through a stream writer, so the plan
+    is never whole in host memory: measured at the 7B's width (one layer, fp16 Helium of 1.2
+    GB), the build's anonymous memory peaks at 1.6 GB instead of 2.6 GB; for the 7B's fp16
+    Helium (14.5 GB) that is ~16 GB instead of ~30 GB."""
+    with open(out, "wb") as f:
+        if hasattr(builder, "build_serialized_network_to_stream"):
+            class FileWriter(trt.IStreamWriter):
+                def __init__(self):
+                    trt.IStreamWriter.__init__(self)
+
+                def write(self, data) -> int:
+                    view = memoryview(data)
+                    f.write(view)
+                    return view.nbytes
+
+            return bool(builder.build_serialized_network_to_stream(network, config,
+                                                                   FileWriter()))
+        plan = builder.build_serialized_network(network, config)
+        if plan is None:
+            return False
+        f.write(memoryview(plan))
+        return True
+
+
+def _serialize(setup: BuildSetup, onnx_path: Path, precision: str, cache_path: Path | None,
+               workspace_bytes: int | None, progress: Progress, out: Path, max_frames: int = 1):
+    """Parses the graph and builds its plan into the file `out`; returns (config, seconds)."""
+    trt = setup.lib.trt
+    log = _captured_log(trt)
+    builder = trt.Builder(log)
+    network = builder.create_network(setup.lib.network_flags())
+    parser = trt.OnnxParser(network, log)
     # parse_from_file resolves external weight files relative to the graph
     if not parser.parse_from_file(str(onnx_path)):
         errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
-        raise EngineBuildError(f"TensorRT cannot parse {onnx_path.name}:\n  "
-                               + "\n  ".join(errors[:10]))
+        raise EngineBuildError(f"{setup.lib.title} cannot parse {onnx_path.name}:\n  "
+                               + "\n  ".join((errors or log.errors)[:10]))
+    shaped = shape_inputs(network)
+    if shaped:
+        raise EngineBuildError(
+            f"{onnx_path.name}: {', '.join(shaped)} feed{'s' if len(shaped) == 1 else ''} a "
+            "shape computation (a TopK's K, a Reshape's shape), which TensorRT makes a shape "
+            "input: every new value would be a new engine shape, new kernels and a new CUDA "
+            "graph. This version exports fixed shapes (top-k over a fixed K_max with a mask): "
+            "export the model again")
     config = builder.create_builder_config()
     if workspace_bytes:
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)
     if precision == "fp32" and hasattr(trt.BuilderFlag, "TF32"):
         config.clear_flag(trt.BuilderFlag.TF32)
+    if setup.weightless:
+        for flag in setup.lib.weightless_flags():
+            config.set_flag(flag)
+    setup.lib.set_targets(config, setup.targets)
     profile = _profile(trt, builder, network, max_frames)
     if profile is not None:
         config.add_optimization_profile(profile)
-    _timing_cache(trt, config, cache_path, progress)
+    if cache_path is not None:
+        _timing_cache(trt, config, cache_path, progress)
     t0 = time.perf_counter()
-    plan = builder.build_serialized_network(network, config)
+    built = _write_plan(trt, builder, network, config, out)
     seconds = time.perf_counter() - t0
-    if plan is None:
-        raise EngineBuildError(f"TensorRT could not build an engine for {onnx_path.name} (see "
-                               "its log above)")
-    return plan, config, seconds
+    if not built:
+        out.unlink(missing_ok=True)
+        raise EngineBuildError(f"{setup.lib.title} could not build an engine for "
+                               f"{onnx_path.name}:\n  {log.message()}")
+    return config, seconds
 
 
 def build_engine(onnx_path: Path, engine_path: Path, precision: str,
-                 timing_cache: Path | None = None, workspace_bytes: int | None = None,
-                 progress: Progress = print, max_frames: int = 1) -> EngineSpec:
+                 setup: BuildSetup | None = None, timing_cache: Path | None = None,
+                 workspace_bytes: int | None = None, progress: Progress = print,
+                 max_frames: int = 1) -> EngineSpec:
     """Parses `onnx_path`, builds its engine into `engine_path` and returns its EngineSpec.
-    Every failure is an EngineBuildError (or a CUDA error) with one message."""
-    trt = _tensorrt()
-    info = _device()
-    _check_fp8([precision], info)
+    `setup`: the library and targets (default: build_setup for this precision). Every failure
+    is an EngineBuildError (or a CUDA error) with one message."""
+    setup = setup or build_setup([precision])
+    lib = setup.lib
     if uses_contrib_ops(onnx_path):
         raise EngineBuildError(f"{onnx_path.name} uses onnxruntime-only ops (MatMulNBits): it "
                                "was converted for the onnx backend; export with --backend "
                                "tensorrt for TensorRT's weight-only form")
-    cache_path = timing_cache or default_timing_cache(trt.__version__, info.compute_capability)
+    cache_path = None
+    if lib.timing_cache:
+        cache_path = timing_cache or default_timing_cache(lib.version,
+                                                          setup.device.compute_capability)
+    tmp = engine_path.parent / f".{engine_path.name}.partial"
     try:
-        plan, config, seconds = _serialize(trt, onnx_path, precision, cache_path,
-                                           workspace_bytes, progress, max_frames)
-        tmp = engine_path.parent / f".{engine_path.name}.partial"
-        with open(tmp, "wb") as f:
-            f.write(memoryview(plan))
+        config, seconds = _serialize(setup, onnx_path, precision, cache_path, workspace_bytes,
+                                     progress, tmp, max_frames)
         os.replace(tmp, engine_path)  # replaces (never rewrites) a hard-linked old engine
-        cache_path.parent.mkdir(parents=True, exist_ok=True)
-        cache_tmp = cache_path.parent / f".{cache_path.name}.partial"
-        cache_tmp.write_bytes(memoryview(config.get_timing_cache().serialize()))
-        os.replace(cache_tmp, cache_path)
+        if cache_path is not None:
+            cache_path.parent.mkdir(parents=True, exist_ok=True)
+            cache_tmp = cache_path.parent / f".{cache_path.name}.partial"
+            cache_tmp.write_bytes(memoryview(config.get_timing_cache().serialize()))
+            os.replace(cache_tmp, cache_path)
     except PersonaPlexError:
+        tmp.unlink(missing_ok=True)
         raise
     except (RuntimeError, TypeError, ValueError, AttributeError, OSError) as e:
+        tmp.unlink(missing_ok=True)
         # TensorRT's bindings raise plain Python errors; the user gets one line, not a trace
         raise EngineBuildError(f"building {engine_path.name} failed: {type(e).__name__}: "
                                f"{e}") from e
     weights = graph_weight_bytes(onnx_path)
     size = engine_path.stat().st_size
-    progress(f"  {engine_path.name}: built in {seconds:.0f} s for {info.name} "
-             f"(sm {info.compute_capability}, TensorRT {trt.__version__}); "
-             + weights_verdict(size, weights))
-    return EngineSpec(engine_path.name, sha256_file(engine_path), trt.__version__,
-                      info.compute_capability, info.name, precision, round(seconds, 1),
-                      device_memory=info.total_memory, weight_bytes=weights.stored)
+    progress(f"  {engine_path.name}: built in {seconds:.0f} s for {setup.describe()}; "
+             + weights_verdict(size, weights, setup.weightless))
+    d = setup.device
+    return EngineSpec(engine_path.name, sha256_file(engine_path), lib.version,
+                      d.compute_capability if d else "", d.name if d else "", precision,
+                      round(seconds, 1), device_memory=d.total_memory if d else 0,
+                      weight_bytes=weights.stored, library=lib.name, targets=setup.targets,
+                      weightless=setup.weightless)
 
 
 def _build_each(model_dir: Path, manifest: Manifest, names: list[str], into: Path,
-                timing_cache: Path | None, workspace_bytes: int | None,
+                setup: BuildSetup | None, timing_cache: Path | None,
+                workspace_bytes: int | None,
                 progress: Progress) -> Iterator[tuple[str, EngineSpec]]:
     """Builds the engine of each graph of `names` into directory `into` (`<graph>.engine`),
-    yielding it as it is built; refuses unknown graphs and what this GPU cannot build first."""
+    yielding it as it is built; refuses unknown graphs and what cannot be built first."""
     unknown = [n for n in names if n not in manifest.graphs]
     if unknown:
         raise EngineBuildError(f"{model_dir} has no graph {', '.join(unknown)}; its graphs: "
                                + ", ".join(manifest.graphs))
-    preflight(manifest.graphs[n].precision for n in names)
+    setup = setup or build_setup(manifest.graphs[n].precision for n in names)
     into.mkdir(parents=True, exist_ok=True)
     for name in names:
         entry = manifest.graphs[name]
@@ -295,40 +415,78 @@ def _build_each(model_dir: Path, manifest: Manifest, names: list[str], into: Pat
         # and the depformer may differ from Helium
         yield name, build_engine(model_dir / entry.file, into / (Path(entry.file).stem
                                                                    + ".engine"),
-                                 entry.precision, timing_cache, workspace_bytes, progress,
-                                 max_frames=_max_frames(manifest))
+                                 entry.precision, setup, timing_cache, workspace_bytes,
+                                 progress, max_frames=_max_frames(manifest))
 
 
 def build_engines(model_dir: str | Path, manifest: Manifest | None = None,
                   graphs: list[str] | None = None, timing_cache: Path | None = None,
-                  workspace_bytes: int | None = None, progress: Progress = print) -> Manifest:
+                  workspace_bytes: int | None = None, progress: Progress = print,
+                  setup: BuildSetup | None = None) -> Manifest:
     """Builds an engine next to each graph (`<graph>.engine`) and returns the manifest with
     backend "tensorrt" and the engines recorded. The caller writes the manifest (the export
-    in its staging directory, rebuild_engines in its own)."""
+    in its staging directory, rebuild_engines in its own). `setup`: the library and targets
+    (default: build_setup for the graphs' precisions)."""
     model_dir = Path(model_dir)
     manifest = manifest or load_model_dir(model_dir)
     entries = dict(manifest.graphs)
     for name, spec in _build_each(model_dir, manifest, list(graphs or manifest.graphs),
-                                  model_dir, timing_cache, workspace_bytes, progress):
+                                  model_dir, setup, timing_cache, workspace_bytes, progress):
         entries[name] = dataclasses.replace(entries[name], engine=spec.to_dict())
     return dataclasses.replace(manifest, graphs=entries, backend="tensorrt")
 
 
-def this_gpu() -> Target:
-    """What an engine built here is built by and for."""
-    trt, info = _tensorrt(), _device()
-    return Target(trt.__version__, info.compute_capability, info.name, info.total_memory)
+# ---- engines for the GPU of this machine (first use, read-only models) ---------------------------
+
+def runtime_library(manifest: Manifest, names: list[str]) -> Library:
+    """The library that runs `names` on this GPU: the one that built the model's own engines
+    where it is installed and runs on this GPU, else the first that does (load_library's
+    order). TensorRTMissing or ModelDirError naming the fix where none does."""
+    from .trt_library import RTX_TARGETS, TensorRTMissing
+
+    info = _device()
+    built_by = [library_of(manifest.graphs[n].engine) for n in names
+                if manifest.graphs[n].engine]
+    for name in dict.fromkeys([*built_by, None]):
+        try:
+            lib = load_library(name)
+        except TensorRTMissing:
+            continue
+        if not lib.rtx or info.compute_capability in RTX_TARGETS:
+            return lib
+    lib = load_library(None)  # what is installed, or the message naming both install lines
+    unsupported_gpu(lib, info.compute_capability, info.name)
+    return lib
+
+
+def this_gpu(lib: Library) -> Target:
+    """What an engine built here by `lib` is built by and for."""
+    info = _device()
+    return Target(lib.version, info.compute_capability, info.name, info.total_memory, lib.name)
+
+
+def _gpu_setup(lib: Library, precisions) -> BuildSetup:
+    """Engines for this GPU only: mainline TensorRT builds on it; TensorRT for RTX builds for
+    its compute capability alone (one target: the shortest build). A precision this GPU
+    cannot hold is refused here."""
+    info = _device()
+    unsupported_gpu(lib, info.compute_capability, info.name)
+    targets = build_targets(lib, precisions, gpu_cc=info.compute_capability)
+    return BuildSetup(lib, targets, None if lib.rtx else info)
 
 
 def build_cached_engines(model_dir: str | Path, manifest: Manifest, names: list[str],
-                         timing_cache: Path | None = None, workspace_bytes: int | None = None,
+                         lib: Library, timing_cache: Path | None = None,
+                         workspace_bytes: int | None = None,
                          progress: Progress = print) -> dict[str, Located]:
-    """Builds the engines of `names` for this GPU into the per-user cache (engine_cache.py),
-    each file in place before its record: the model directory is not touched."""
+    """Builds the engines of `names` for this GPU with `lib` into the per-user cache
+    (engine_cache.py), each file in place before its record: the model directory is not
+    touched."""
     model_dir = Path(model_dir)
-    cache = engine_cache_dir(model_dir, this_gpu())
+    cache = engine_cache_dir(model_dir, this_gpu(lib))
+    setup = _gpu_setup(lib, [manifest.graphs[n].precision for n in names])
     out = {}
-    for name, spec in _build_each(model_dir, manifest, names, cache, timing_cache,
+    for name, spec in _build_each(model_dir, manifest, names, cache, setup, timing_cache,
                                   workspace_bytes, progress):
         add_record(cache, name, spec)
         out[name] = Located(cache, dataclasses.replace(manifest.graphs[name],
@@ -341,44 +499,65 @@ def engines_for_this_gpu(model_dir: str | Path, manifest: Manifest, names: list[
     """The engine of each of `names` that runs on this GPU: the model directory's own, or the
     cache's; those that have none are built into the cache now (once: later starts find
     them)."""
-    gpu = this_gpu()
+    lib = runtime_library(manifest, names)
+    gpu = this_gpu(lib)
     found, missing = locate(model_dir, manifest, names, gpu)
     if missing:
-        progress(f"no TensorRT engine of {', '.join(missing)} for this {gpu.device_name} "
-                 f"(TensorRT {gpu.tensorrt_version}) in {model_dir}: building it into "
-                 f"{engine_cache_dir(model_dir, gpu)} (once; TensorRT times its kernels, which "
-                 "takes minutes for the 7B)")
-        found.update(build_cached_engines(model_dir, manifest, missing, progress=progress))
+        how = ("TensorRT for RTX compiles it for this GPU: seconds to a minute for the 7B"
+               if lib.rtx else "TensorRT times its kernels, which takes minutes for the 7B")
+        progress(f"no engine of {', '.join(missing)} for this {gpu.device_name} "
+                 f"({lib.title}) in {model_dir}: building it into "
+                 f"{engine_cache_dir(model_dir, gpu)} (once; {how})")
+        found.update(build_cached_engines(model_dir, manifest, missing, lib, progress=progress))
     return found
 
 
 def _max_frames(manifest: Manifest) -> int:
-    """The longest call of helium_step: a persona prefill runs up to context - 1 frames."""
+    """The longest call of a graph with a frames axis (helium_step): a persona prefill runs
+    up to context - 1 frames."""
     return manifest.config.temporal_config.max_position_embeddings - 1
 
 
 def rebuild_engines(model_dir: str | Path, graphs: list[str] | None = None,
                     timing_cache: Path | None = None, workspace_bytes: int | None = None,
-                    progress: Progress = print) -> Manifest:
-    """Builds (or rebuilds) the engines of an exported model directory for this machine's GPU,
-    through a staging copy of it: the directory changes in one rename when every engine is
-    built, and a failure part-way leaves its old engines and manifest as they were. A directory
-    the runtime may not write keeps its files: the engines go to the per-user cache, and the
-    manifest returned records them there."""
+                    progress: Progress = print, library: str | None = None,
+                    targets: Iterable[str] | None = None, weightless: bool = False) -> Manifest:
+    """Builds (or rebuilds) the engines of an exported model directory - with mainline TensorRT
+    for this machine's GPU, or with TensorRT for RTX for its targets (`library`, `targets`:
+    build_setup) - through a staging copy of it: the directory changes in one rename when every
+    engine is built, and a failure part-way leaves its old engines and manifest as they were. A
+    directory the runtime may not write keeps its files: the engines go to the per-user cache
+    for this GPU, and the manifest returned records them there."""
     model_dir = Path(model_dir)
     # checked first, so that its errors name this directory
     manifest = load_model_dir(model_dir, progress=progress)
+    names = list(graphs or manifest.graphs)
+    unknown = [n for n in names if n not in manifest.graphs]
+    if unknown:
+        raise EngineBuildError(f"{model_dir} has no graph {', '.join(unknown)}; its graphs: "
+                               + ", ".join(manifest.graphs))
+    setup = build_setup([manifest.graphs[n].precision for n in names], library, targets,
+                        weightless)
     if not writable_dir(model_dir):
-        names = list(graphs or manifest.graphs)
+        from .cuda_runtime import CudaError
+
+        try:
+            gpu = this_gpu(setup.lib)
+        except CudaError as e:
+            raise EngineBuildError(
+                f"{model_dir} is read-only here (or a Hugging Face snapshot), so its engines "
+                f"would go to the per-user cache for this machine's GPU, and there is none "
+                f"({e}); copy the model to a directory of your own to build its portable "
+                "engines there") from None
         progress(f"{model_dir} is read-only here (or a Hugging Face snapshot): the engines go "
-                 f"to {engine_cache_dir(model_dir, this_gpu())}")
-        built = build_cached_engines(model_dir, manifest, names, timing_cache, workspace_bytes,
-                                     progress)
+                 f"to {engine_cache_dir(model_dir, gpu)}")
+        built = build_cached_engines(model_dir, manifest, names, setup.lib, timing_cache,
+                                     workspace_bytes, progress)
         return dataclasses.replace(manifest, backend="tensorrt", graphs={
             **manifest.graphs, **{n: located.entry for n, located in built.items()}})
     with staged_dir(model_dir, progress=progress, seed_from=model_dir) as stage:
-        manifest = build_engines(stage, manifest, graphs, timing_cache, workspace_bytes,
-                                 progress)
+        manifest = build_engines(stage, manifest, names, timing_cache, workspace_bytes,
+                                 progress, setup)
         write_manifest(stage, manifest)
         load_model_dir(stage)  # stamps the new engines' hashes for the first run
     return manifest

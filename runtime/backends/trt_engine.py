@@ -1,12 +1,14 @@
 """What a TensorRT engine was built for, and the refusal of one built for something else.
 
-A serialized engine only runs with the TensorRT version that built it and on GPUs of the compute
-capability it was built on; loaded elsewhere, TensorRT fails with an opaque deserialisation
-error, or worse, picks kernels the GPU lacks. Within one compute capability its kernels were
-still chosen by timing on one GPU model (H100 and H200 share 9.0 but not their memory), so the
-GPU's name and memory size are compared too. So every engine carries an `EngineSpec` (in the
-manifest's graph entry, key "engine"; load_model_dir checks the engine file's sha256 like every
-other file's), and the runtime compares it with the machine before it deserialises anything.
+A serialized engine only runs with the library and version that built it. Mainline TensorRT's
+runs on GPUs of the compute capability it was built on; loaded elsewhere, TensorRT fails with an
+opaque deserialisation error, or worse, picks kernels the GPU lacks. Within one compute
+capability its kernels were still chosen by timing on one GPU model (H100 and H200 share 9.0 but
+not their memory), so the GPU's name and memory size are compared too. TensorRT for RTX's runs
+on any GPU of its targets (the compute capabilities it was built for). So every engine carries
+an `EngineSpec` (in the manifest's graph entry, key "engine"; load_model_dir checks the engine
+file's sha256 like every other file's), and the runtime compares it with the machine before it
+deserialises anything (TensorRT for RTX then reads the engine's header too: trt_library.py).
 """
 
 from __future__ import annotations
@@ -40,16 +42,30 @@ def _memory_differs(built: int, here: int) -> bool:
     return bool(built and here) and abs(built - here) > max(built, here) / 16
 
 
+def _title(library: str) -> str:
+    return "TensorRT for RTX" if library == "tensorrt-rtx" else "TensorRT"
+
+
 def check_compatible(spec: EngineSpec, tensorrt_version: str, compute_capability: str,
-                     device_name: str, model_dir: str | Path, device_memory: int = 0) -> None:
-    """Raises ModelDirError unless the engine was built by this TensorRT for this GPU model:
-    the same compute capability is not enough (H100 and H200 share 9.0, but the kernels timed
-    on one are not the best on the other), so the GPU's name and, where recorded, its memory
-    size must agree too."""
+                     device_name: str, model_dir: str | Path, device_memory: int = 0,
+                     library: str = "tensorrt") -> None:
+    """Raises ModelDirError unless the engine was built by this library and version for this
+    GPU: by TensorRT for RTX, for a target list holding this GPU's compute capability; by
+    mainline TensorRT, for this GPU model - the same compute capability is not enough (H100 and
+    H200 share 9.0, but the kernels timed on one are not the best on the other), so the GPU's
+    name and, where recorded, its memory size must agree too."""
     problems = []
-    if spec.tensorrt_version != tensorrt_version:
-        problems.append(f"TensorRT {spec.tensorrt_version} built it, this is {tensorrt_version}")
-    if spec.compute_capability != compute_capability:
+    if spec.library != library:
+        problems.append(f"{_title(spec.library)} built it, this is {_title(library)}")
+    elif spec.tensorrt_version != tensorrt_version:
+        problems.append(f"{_title(library)} {spec.tensorrt_version} built it, this is "
+                        f"{tensorrt_version}")
+    if spec.library == "tensorrt-rtx":
+        if compute_capability not in spec.targets:
+            problems.append(f"it was built for compute capabilities "
+                            f"{', '.join(spec.targets) or 'none'}, this GPU is "
+                            f"{compute_capability} ({device_name})")
+    elif spec.compute_capability != compute_capability:
         problems.append(f"it was built for compute capability {spec.compute_capability} "
                         f"({spec.device_name}), this GPU is {compute_capability} "
                         f"({device_name})")

@@ -1,9 +1,9 @@
 """A model directory whose graphs travel without their weights, the weights made again where
-they run: how a 7B-shaped export (15.7 GB of fp16) reaches a device machine that takes 64 MiB
-a call.
+they run: how a 7B-shaped export (15.7 GB of fp16) reaches an offline GPU machine that files
+reach only in small transfers, for a timing.
 
-    here (onnx):   python scripts/skeleton.py make MODEL_DIR SKELETON [--graphs helium_step,depformer_step]
-    there (numpy): python scripts/skeleton.py fill SKELETON OUT [--seed 0]
+    here (onnx):   python scripts/gpu/skeleton.py make MODEL_DIR SKELETON [--graphs helium_step,depformer_step]
+    there (numpy): python scripts/gpu/skeleton.py fill SKELETON OUT [--seed 0]
 
 `make` keeps each graph's .onnx file (the graph and its small inline tensors, a few MB) and
 describes its external data file as regions, one per initializer stored there:

@@ -1,4 +1,4 @@
-"""Writes an exported ONNX graph as a numpy-only dump for scripts/onnx_torch.py (its format is
+"""Writes an exported ONNX graph as a numpy-only dump for scripts/gpu/onnx_torch.py (its format is
 described there): what carries a graph's arithmetic to a machine without the onnx package.
 
 Every input shape is fixed (Helium's frames axis at 1, one live frame), so everything computed

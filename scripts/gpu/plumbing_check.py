@@ -196,6 +196,9 @@ class StandInEngine:
         self.entry, self.device_index = entry, device
         self.engine = _EngineView(entry, kernel)
 
+    def context(self):
+        return self.engine.create_execution_context()
+
     def bind(self, stream=None):
         from personaplex_edge.runtime.backends.trt import TrtGraph
 

@@ -1,5 +1,5 @@
 """Stage 2 of the bare GPU check: the GPU backends' host logic over real device memory, every
-graph computed by onnxruntime on the CPU behind a stand-in (scripts/standin_engine.py), so the
+graph computed by onnxruntime on the CPU behind a stand-in (scripts/gpu/standin_engine.py), so the
 tokens must equal the CPU backend's exactly.
 
 - TensorRT, the product path: a model directory with backend tensorrt, loaded by

@@ -252,6 +252,17 @@ class _Binding:
                              "device buffers only")
 
 
+RUNS = {"eager": 0, "graph": 0}  # the stand-in sessions' runs: eager, or as a CUDA graph
+
+
+def _graph_id(run_options) -> str:
+    """The captured graph a run asks onnxruntime to replay ("": none)."""
+    try:
+        return run_options.get_run_config_entry("gpu_graph_id") if run_options else ""
+    except RuntimeError:  # the key is not set
+        return ""
+
+
 class _CudaSession:
     """What OrtCudaModelGraph sees of a CUDA session (module docstring)."""
 
@@ -261,6 +272,7 @@ class _CudaSession:
         options = dict(next(p[1] for p in providers if isinstance(p, tuple)
                             and p[0] == "CUDAExecutionProvider"))
         self.stream = int(options["user_compute_stream"])
+        self.cuda_graph = options.get("enable_cuda_graph") == "1"
         self._session = real(str(path), session_options(threads),
                              providers=["CPUExecutionProvider"])
         self.runs = 0
@@ -296,6 +308,8 @@ class _CudaSession:
             copy_to_device(ptr, np.ascontiguousarray(value), s)
         s.synchronize()  # before `value` goes; onnxruntime too returns after its stream
         self.runs += 1
+        # what onnxruntime would have done: replayed a captured graph, or run eagerly
+        RUNS["graph" if self.cuda_graph and _graph_id(run_options) else "eager"] += 1
 
 
 @contextlib.contextmanager

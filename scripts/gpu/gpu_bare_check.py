@@ -1,24 +1,24 @@
 """The GPU check for a bare GPU machine: torch with CUDA, cupy, cuda-bindings and onnxruntime
 for the CPU; no network, no TensorRT, no onnxruntime-gpu, no onnx. What a full machine checks
-with the real libraries (scripts/gpu_check.py), this checks with what such a machine has:
+with the real libraries (scripts/gpu/gpu_check.py), this checks with what such a machine has:
 
   1. plumbing        the CUDA plumbing of runtime/backends on real device memory with a cupy
                      stand-in engine: eager == CUDA-graph replay == numpy, byte for byte, both
-                     state parities; device memory freed (scripts/plumbing_check.py)
+                     state parities; device memory freed (scripts/gpu/plumbing_check.py)
   2. tensorrt-path   TrtGraph + DeviceLinkedLM (the product path on TensorRT) and
      ort-cuda-path   OrtCudaGraph, over real device memory, every graph computed by onnxruntime
                      CPU behind a stand-in: tokens equal the CPU backend's over 60 frames
-                     (scripts/backend_check.py, scripts/standin_engine.py)
+                     (scripts/gpu/backend_check.py, scripts/gpu/standin_engine.py)
   3. arith-*         the exported LM graphs' arithmetic on CUDA in fp32, fp16, bf16 and int4
-                     against onnxruntime CPU float32 (scripts/arith_check.py): the first bf16
+                     against onnxruntime CPU float32 (scripts/gpu/arith_check.py): the first bf16
                      figure
   4. helium-7b-fp16  a 7B-shaped fp16 Helium step captured as a CUDA graph, against the
-                     bandwidth floor (scripts/helium_timing.py)
+                     bandwidth floor (scripts/gpu/helium_timing.py)
 
 The graphs travel as a bundle made here first (it needs onnx and the export):
 
-    python scripts/gpu_bare_check.py --prepare            # -> build/gpu_bundle (~55 MB)
-    python scripts/gpu_bare_check.py [--budget-s 480] [--json out.json]   # on the GPU machine
+    python scripts/gpu/gpu_bare_check.py --prepare            # -> build/gpu_bundle (~55 MB)
+    python scripts/gpu/gpu_bare_check.py [--budget-s S] [--json out.json]   # on the GPU machine
 
 Each stage runs in a child process with its own time limit, so a crash (a bad device
 address) or a hang (a host function that cannot get the interpreter) fails that stage alone,
@@ -145,7 +145,7 @@ def stage_plumbing(bundle: Path, simulate: bool) -> dict:
 def _model(bundle: Path) -> Path:
     model = bundle / "model"
     if not (model / "manifest.json").is_file():
-        raise Skip(f"no bundle at {bundle}: run `python scripts/gpu_bare_check.py --prepare` "
+        raise Skip(f"no bundle at {bundle}: run `python scripts/gpu/gpu_bare_check.py --prepare` "
                    "where onnx is installed, and carry build/gpu_bundle")
     return model
 
@@ -267,7 +267,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prepare", action="store_true", help="make the bundle (needs onnx)")
     ap.add_argument("--bundle", default=str(BUNDLE))
-    ap.add_argument("--budget-s", type=float, default=480)
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="skip the stages that would not finish within S seconds (default: "
+                         "no limit)")
     ap.add_argument("--only", help="comma-separated stage names (default: all)")
     ap.add_argument("--simulate", action="store_true",
                     help="tests/fake_gpu's simulated device and the CPU instead of a GPU")

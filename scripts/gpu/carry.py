@@ -1,14 +1,14 @@
-"""A file too big for one carry to the device machine (64 MiB a call, the working tree
-included), cut into pieces that travel over back-to-back calls and joined there, every piece
-and the whole checked by sha256.
+"""A file too big for one transfer to an offline GPU machine (where files reach it only in
+transfers of limited size, the checkout included), cut into pieces that travel over successive
+transfers and joined there, every piece and the whole checked by sha256.
 
-    python3 scripts/carry.py split FILE DIR [--piece-mib 60]   # here: DIR/NAME.part-NN, DIR/NAME.pieces.json
-    python3 scripts/carry.py check DIR NAME                    # there: which pieces are still to come
-    python3 scripts/carry.py join DIR NAME OUT                 # there: OUT, or exit 1 naming what is missing or wrong
+    python3 scripts/gpu/carry.py split FILE DIR [--piece-mib 60]   # here: DIR/NAME.part-NN, DIR/NAME.pieces.json
+    python3 scripts/gpu/carry.py check DIR NAME                    # there: which pieces are still to come
+    python3 scripts/gpu/carry.py join DIR NAME OUT                 # there: OUT, or exit 1 naming what is missing or wrong
 
-Pieces already there from an earlier call stay (ignored outputs are kept on a warm machine),
-so each call carries one more piece; `join` says which are still missing. Standard library
-only: it runs under whatever python3 the device machine has.
+Pieces that arrived with earlier transfers stay where they are, so each transfer brings one more
+piece; `check` and `join` say which are still missing. Standard library only: it runs under
+whatever python3 the GPU machine has.
 """
 
 from __future__ import annotations

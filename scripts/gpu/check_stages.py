@@ -1,8 +1,8 @@
-"""What the GPU checks (scripts/gpu_check.py, scripts/gpu_bare_check.py) share: the project
-importable from a bare checkout, a time budget, and fenced stages whose outcome - ok, FAILED
-with the reason, or skipped with the reason - is printed as it happens and kept for the JSON
-report. A check runs once on a borrowed machine, so one stage failing must never hide the
-others.
+"""What the GPU checks (scripts/gpu/gpu_check.py, scripts/gpu/gpu_bare_check.py) share: the
+project importable from a bare checkout, an optional time budget, and fenced stages whose
+outcome - ok, FAILED with the reason, or skipped with the reason - is printed as it happens and
+kept for the JSON report. A GPU machine may be at hand for one run only, so one stage failing
+must never hide the others.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def use_source_tree() -> None:
@@ -50,8 +50,10 @@ def say(msg: str = "") -> None:
 
 
 class Budget:
-    def __init__(self, seconds: float):
-        self.end = time.monotonic() + seconds
+    """The seconds a check may take (None: no limit); stages that need more are skipped."""
+
+    def __init__(self, seconds: float | None = None):
+        self.end = time.monotonic() + (float("inf") if seconds is None else seconds)
 
     def left(self) -> float:
         return self.end - time.monotonic()

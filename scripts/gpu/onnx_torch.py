@@ -1,5 +1,5 @@
 """Runs an exported graph's arithmetic with torch, on any device, from its numpy-only dump
-(scripts/onnx_dump.py): the bare GPU machine has torch but neither onnx nor a GPU build of
+(scripts/gpu/onnx_dump.py): the bare GPU machine has torch but neither onnx nor a GPU build of
 onnxruntime, and bf16 runs nowhere else (onnxruntime's CPU has no bf16 MatMul).
 
 A dump is one .npz: its tensors (initializers and the constants folded at dump time) and, under
@@ -60,7 +60,7 @@ class TorchGraph:
         for node in spec["nodes"]:
             if node["op"] not in OPS:
                 raise NotImplementedError(f"{spec.get('name', 'graph')}: ONNX op {node['op']} "
-                                          "is not implemented by scripts/onnx_torch.py")
+                                          "is not implemented by scripts/gpu/onnx_torch.py")
 
     @classmethod
     def load(cls, path: str | Path, device="cpu") -> "TorchGraph":

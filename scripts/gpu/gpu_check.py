@@ -2,29 +2,33 @@
 builds TensorRT engines, compares greedy tokens with onnxruntime on the CPU, and prints per-stage
 ms/frame for each backend and precision, then the full-size 7B bandwidth estimate.
 
-    python scripts/gpu_check.py [--budget-s 480] [--work DIR] [--frames 100] [--cpu-only]
-                                [--configs tiny,codec,mid,demo,7b] [--precisions P-B,...]
-                                [--skeleton DIR] [--simulate] [--json out.json]
+    python scripts/gpu/gpu_check.py [--budget-s S] [--work DIR] [--frames 100] [--cpu-only]
+                                    [--configs tiny,codec,mid,demo,7b] [--precisions P-B,...]
+                                    [--library auto|tensorrt|rtx] [--skeleton DIR] [--simulate]
+                                    [--json out.json]
 
 Run through scripts/gpu_check.sh on a GPU machine (it installs what is needed first). Every
-stage is fenced: a failure is printed with its reason and the check goes on; stages that would
-not fit in the remaining time budget are skipped and say so. --cpu-only runs the same script
-with every GPU stage skipped (for checking the script itself on a machine without a GPU).
+stage is fenced: a failure is printed with its reason and the check goes on; with --budget-s,
+stages that would not fit in the time left are skipped and say so. --cpu-only runs the same
+script with every GPU stage skipped (for checking the script itself on a machine without a GPU).
+The TensorRT stages take mainline TensorRT or TensorRT for RTX (--library: what
+scripts/gpu_check.sh installed for the card; auto, mainline where it imports).
 
 Backends timed (each on the same precision's graphs; tokens compared with onnxruntime CPU;
 benchmarks/lm_probe.open_lm):
     ort-cpu     onnxruntime CPU, all cores (OrtGraph)
     ort-cuda    onnxruntime CUDA provider, every buffer on the device, KV rings written on the
                 device (runtime/backends/ort_cuda.OrtCudaGraph)
-    trt         native TensorRT engines, each graph through the host (backends/trt.TrtGraph)
+    trt         native TensorRT engines (mainline or TensorRT for RTX), each graph through the
+                host (backends/trt.TrtGraph)
     trt-graph   the product path: helium + depformer chained on the device and replayed as CUDA
                 graphs per frame (runtime/lm_frame.DeviceLinkedLM)
 
 A GPU machine without a network (no TensorRT or onnxruntime-gpu to install) runs
-scripts/gpu_bare_check.py instead; scripts/gpu_check.sh chooses. A machine with torch but
-no onnxruntime-gpu gets it carried in pieces: scripts/ort_gpu_check.sh runs this check's
-onnxruntime stages there (demo, 7b, mid, tiny), the 7B's fp16 graphs carried as a skeleton
-(scripts/skeleton.py) and their weights made again on the machine.
+scripts/gpu/gpu_bare_check.py instead; scripts/gpu_check.sh chooses. An offline machine with
+torch but no onnxruntime-gpu gets it carried in pieces: scripts/gpu/ort_gpu_check.sh runs this
+check's onnxruntime stages there (demo, 7b, mid, tiny), the 7B's fp16 graphs carried as a
+skeleton (scripts/gpu/skeleton.py) and their weights made again on the machine.
 """
 
 from __future__ import annotations
@@ -46,7 +50,8 @@ use_source_tree()
 
 TIMINGS: list[dict] = []
 SIMULATED = False  # --simulate
-STAGES = Stages(Budget(480))  # main() replaces it with the run's budget
+STAGES = Stages(Budget())  # main() replaces it with the run's budget
+LIBRARY = "auto"  # --library: which TensorRT builds and runs the engines
 
 
 # ---- building -------------------------------------------------------------------------------------
@@ -95,10 +100,12 @@ def convert(fp32: Path, work: Path, precision: str, backend: str) -> Path:
 
 
 def engines(model_dir: Path, graphs: list[str]) -> str:
-    from personaplex_edge.runtime.backends.trt_build import build_engines
+    from personaplex_edge.runtime.backends.trt_build import build_engines, build_setup
     from personaplex_edge.manifest import load_model_dir, write_manifest
 
-    manifest = build_engines(model_dir, load_model_dir(model_dir), graphs=graphs,
+    manifest = load_model_dir(model_dir)
+    setup = build_setup([manifest.graphs[g].precision for g in graphs], LIBRARY)
+    manifest = build_engines(model_dir, manifest, graphs=graphs, setup=setup,
                              progress=lambda s: say("    " + s.strip()))
     write_manifest(model_dir, manifest)
     sizes = {g: (model_dir / (g + ".engine")).stat().st_size / 1e6 for g in graphs}
@@ -111,6 +118,15 @@ def engines(model_dir: Path, graphs: list[str]) -> str:
 
 # ---- running --------------------------------------------------------------------------------------
 
+def _simulated_runs() -> dict[str, int]:
+    """--simulate: the stand-in CUDA sessions' runs so far, eager and as CUDA graphs."""
+    if not SIMULATED:
+        return {}
+    from standin_engine import RUNS
+
+    return dict(RUNS)
+
+
 def time_lm(label: str, model_dir: Path, backend: str, user: np.ndarray,
             reference: np.ndarray | None, warmup: int = 5, against: str = "ort-cpu",
             then=None) -> str:
@@ -118,12 +134,14 @@ def time_lm(label: str, model_dir: Path, backend: str, user: np.ndarray,
     open LM before it closes (a 7B's weights are loaded once)."""
     from lm_probe import agreement, open_lm
 
+    runs = _simulated_runs()
     lm = open_lm(model_dir, backend)
     try:
         run = lm.run(user, forced=reference)
         done = then(lm) if then is not None else ""
     finally:
         lm.close()
+    runs = {k: v - runs[k] for k, v in _simulated_runs().items()}
     tokens, total = run.tokens, run.temporal_ms + run.depformer_ms
     temporal, depformer = run.temporal_ms[warmup:].mean(), run.depformer_ms[warmup:].mean()
     if backend in ("trt-linked", "trt-graph"):  # one device sequence: no split to report
@@ -137,6 +155,8 @@ def time_lm(label: str, model_dir: Path, backend: str, user: np.ndarray,
         row["against"] = against
     else:
         row["tokens"] = tokens
+    if SIMULATED:  # how the stand-in sessions were run: eagerly, or as replays of a capture
+        row["simulated_runs"] = runs
     TIMINGS.append(row)
     agree = ""
     if reference is not None:
@@ -239,7 +259,7 @@ def demo_stages(frames: int) -> None:
                        need_s=30)
     if model is None:
         return
-    hello = Path(__file__).resolve().parents[1] / "personaplex_edge" / "data" / "hello.wav"
+    hello = Path(__file__).resolve().parents[2] / "personaplex_edge" / "data" / "hello.wav"
     pcm = np.resize(read_audio(hello), frames * 1920)  # the sample repeated to `frames`
     runs: dict[str, dict] = {}
 
@@ -273,13 +293,13 @@ def demo_stages(frames: int) -> None:
 
 def full_size_stages(skeleton: Path, work: Path, frames: int) -> None:
     """The 7B's fp16 graphs (the GPU recipe) from a skeleton carried here, their weights made
-    again (scripts/skeleton.py): ms per frame through OrtCudaGraph, eager and replayed as
+    again (scripts/gpu/skeleton.py): ms per frame through OrtCudaGraph, eager and replayed as
     CUDA graphs, and the default persona's prefill."""
     import skeleton as skel
 
     if not (skeleton / skel.RECORD).is_file():
         STAGES.skip("7b: fp16 ort-cuda", f"no skeleton at {skeleton}: make one here with "
-                    "`python scripts/skeleton.py make FP16_MODEL_DIR build/carry/7b-skeleton` "
+                    "`python scripts/gpu/skeleton.py make FP16_MODEL_DIR build/carry/7b-skeleton` "
                     "and carry it")
         return
     model = work / "fp16"
@@ -319,12 +339,12 @@ def environment(cpu_only: bool) -> str:
 
     parts = [f"python {sys.version.split()[0]}", f"onnxruntime {ort.__version__} "
              f"({', '.join(ort.get_available_providers())})"]
-    try:
-        import tensorrt
+    from personaplex_edge.runtime.backends.trt_library import CHOICES, load_library
 
-        parts.append(f"tensorrt {tensorrt.__version__}")
-    except Exception as e:  # noqa: BLE001 - a wheel whose libraries do not load raises OSError
-        parts.append(f"tensorrt: not usable ({type(e).__name__}: {e})")
+    try:
+        parts.append(load_library(CHOICES[LIBRARY]).title)
+    except Exception as e:  # noqa: BLE001 - TensorRTMissing, or a wheel that does not load
+        parts.append(f"TensorRT: not usable ({type(e).__name__}: {e})")
     if not cpu_only:
         from personaplex_edge.runtime.backends.cuda_runtime import device_info
 
@@ -470,16 +490,21 @@ def codec_stages(root: Path, have_trt: bool) -> None:
 def main() -> None:
     global STAGES
     ap = argparse.ArgumentParser()
-    ap.add_argument("--budget-s", type=float, default=480)
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="skip the stages that would not finish within S seconds (default: "
+                         "no limit)")
+    ap.add_argument("--library", default="auto", choices=["auto", "tensorrt", "rtx"],
+                    help="the TensorRT of the TensorRT stages (auto: mainline where it "
+                         "imports, else TensorRT for RTX)")
     ap.add_argument("--work", default="/tmp/personaplex_gpu_check")
     ap.add_argument("--frames", type=int, default=100)
     ap.add_argument("--configs", default="tiny,codec,mid",
                     help="tiny and mid: the LM (random weights) in each precision; codec: the "
                     "real-size Mimi; demo: the built-in demo through the public API on the "
                     "GPU and the CPU; 7b: the 7B's fp16 graphs from --skeleton")
-    ap.add_argument("--skeleton", default=str(Path(__file__).resolve().parents[1] / "build"
+    ap.add_argument("--skeleton", default=str(Path(__file__).resolve().parents[2] / "build"
                                               / "carry" / "7b-skeleton"),
-                    help="the 7B's fp16 skeleton (scripts/skeleton.py make)")
+                    help="the 7B's fp16 skeleton (scripts/gpu/skeleton.py make)")
     ap.add_argument("--precisions", default="",
                     help="only these of tiny's and mid's models, as PRECISION-BACKEND "
                     "(e.g. fp16-tensorrt,int4-onnx); default: every one")
@@ -491,8 +516,8 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     STAGES = Stages(Budget(args.budget_s), cpu_only=args.cpu_only)
-    global SIMULATED
-    SIMULATED = args.simulate
+    global SIMULATED, LIBRARY
+    SIMULATED, LIBRARY = args.simulate, args.library
     if SIMULATED:
         import contextlib
 
@@ -526,10 +551,12 @@ def main() -> None:
     try:
         if SIMULATED:
             raise ImportError("--simulate")
-        import tensorrt  # noqa: F401
+        from personaplex_edge.runtime.backends.trt_library import CHOICES, load_library
+
+        say(f"TensorRT stages: {load_library(CHOICES[LIBRARY]).title}")
         have_trt = True
-    except Exception as e:  # noqa: BLE001 - ImportError, or OSError from its libraries
-        say(f"tensorrt does not import ({type(e).__name__}: {e}): TensorRT stages are skipped")
+    except Exception as e:  # noqa: BLE001 - TensorRTMissing, or OSError from its libraries
+        say(f"no TensorRT ({type(e).__name__}: {e}): TensorRT stages are skipped")
         have_trt = False
     bytes_mid: dict[str, int] = {}
     frames = {"tiny": 60, "mid": args.frames}

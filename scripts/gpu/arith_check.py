@@ -1,8 +1,8 @@
 """Stage 3 of the bare GPU check: the exported LM graphs' arithmetic on a device, in each
 precision's own dtypes, against onnxruntime CPU float32 on the same history.
 
-The graphs travel as numpy-only dumps (scripts/onnx_dump.py, made by `gpu_bare_check.py
---prepare` on a machine with onnx) and run through scripts/onnx_torch.py: the bare GPU machine
+The graphs travel as numpy-only dumps (scripts/gpu/onnx_dump.py, made by `gpu_bare_check.py
+--prepare` on a machine with onnx) and run through scripts/gpu/onnx_torch.py: the bare GPU machine
 has torch with CUDA but no GPU build of onnxruntime and no TensorRT, and bf16 runs nowhere else
 (onnxruntime's CPU has no bf16 MatMul).
 
