@@ -164,6 +164,59 @@ def test_transcription_asked_of_a_model_without_one_is_an_error_naming_the_field
     assert updated["audio"]["input"]["transcription"] is None
 
 
+def _heard_by_the_api(pcm: np.ndarray):
+    """The Python API's heard events on exactly these frames (float32, 24 kHz)."""
+    import personaplex_edge as pe
+
+    model = pe.load(stt_model_dir(), device="cpu")
+    try:
+        with model.conversation(persona=False, greedy=True) as conv:
+            for at in range(0, pcm.shape[0] - 1919, 1920):
+                conv.step(pcm[at:at + 1920])
+            return conv.heard_events()
+    finally:
+        model.close()
+
+
+def test_a_webrtc_call_carries_the_users_words(server):
+    """`/v1/realtime` over WebRTC (an aiortc client, benchmarks/bench_webrtc.py) with the
+    transcription turned on in the call's session: the user's words come on the data channel,
+    the openai SDK's types accept every event, and they are what the Python API hears of the
+    very frames the model stepped (after Opus and the jitter buffer, recorded by
+    tests/call_tap.py): the deltas its pieces, each completed transcript its turn."""
+    pytest.importorskip("aiortc", reason="the webrtc extra (scripts/install.sh installs it)")
+    from bench_serve import wait_until
+    from bench_webrtc import call
+    from call_tap import ModelInput
+    from openai.types.realtime import RealtimeServerEvent
+
+    session = {"type": "realtime", "audio": {"input": {"transcription": {"model": "any"}}}}
+    tap = ModelInput(server)
+    try:
+        res = asyncio.run(asyncio.wait_for(call(server.url, stt_bundle().pcm, session=session,
+                                                tail_s=2.0), 120))
+        assert wait_until(lambda: server.state.slots_used == 0, 10)
+        stepped = tap.only()
+    finally:
+        tap.close()
+    assert res.status == 201, res.error
+    adapter = TypeAdapter(RealtimeServerEvent)
+    for event in res.events:
+        adapter.validate_python(event)
+    assert res.events[0]["session"]["audio"]["input"]["transcription"]["model"]
+    deltas = "".join(e["delta"] for e in res.events
+                     if e["type"] == "conversation.item.input_audio_transcription.delta")
+    completed = [e["transcript"] for e in res.events
+                 if e["type"] == "conversation.item.input_audio_transcription.completed"]
+
+    api = _heard_by_the_api(stepped)
+    pieces = "".join(e.text for e in api if e.kind == "piece")
+    turns = [e.text for e in api if e.kind == "turn"]
+    assert completed and deltas, res.events  # a turn heard and ended within the call
+    # the call's events end where the call did; the API heard every stepped frame
+    assert pieces.startswith(deltas) and completed == turns[:len(completed)]
+
+
 # ---- the moshi-protocol wires: the HEARD message ---------------------------------------------------
 def test_api_chat_sends_heard_messages_to_a_client_that_asks(server, heard):
     import aiohttp

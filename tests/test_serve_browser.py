@@ -105,6 +105,18 @@ def _in_own_network(argv: list[str]) -> list[str]:
     return argv
 
 
+def _webrtc_scene(model_dir, tmp_path, *args: str) -> dict:
+    """tests/browser/webrtc_call.py (a server and Chromium) in a network of its own: its
+    result.json."""
+    scene = Path(__file__).parent / "browser" / "webrtc_call.py"
+    out = tmp_path / "scene"
+    done = subprocess.run(_in_own_network([sys.executable, str(scene), str(model_dir),
+                                           str(out), *args]),
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((out / "result.json").read_text())
+
+
 def test_openai_browser_quickstart_calls_the_server(demo_model_dir, tmp_path):
     """OpenAI's documented browser flow (tests/browser/webrtc_call.py) against `serve`: an
     ephemeral key from client_secrets, the microphone's track and the `oai-events` channel
@@ -117,13 +129,7 @@ def test_openai_browser_quickstart_calls_the_server(demo_model_dir, tmp_path):
     from openai.types.realtime import RealtimeServerEvent
     from pydantic import TypeAdapter
 
-    scene = Path(__file__).parent / "browser" / "webrtc_call.py"
-    out = tmp_path / "scene"
-    done = subprocess.run(_in_own_network([sys.executable, str(scene), str(demo_model_dir),
-                                           str(out), "6"]),
-                          capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stderr[-3000:]
-    r = json.loads((out / "result.json").read_text())
+    r = _webrtc_scene(demo_model_dir, tmp_path, "6")
     assert r["error"] is None and r["status"] == 201, r
     assert r["location"].startswith("/v1/realtime/calls/rtc_") and r["streams"] == 1
     heard = r["heard"]
@@ -164,13 +170,7 @@ def test_openai_agents_sdk_calls_the_server_over_webrtc(demo_model_dir, tmp_path
     if not AGENTS_BUNDLE.is_file():
         pytest.skip(f"@openai/agents-realtime is not installed ({AGENTS_BUNDLE}): "
                     "scripts/install.sh installs it where npm is")
-    scene = Path(__file__).parent / "browser" / "webrtc_call.py"
-    out = tmp_path / "scene"
-    done = subprocess.run(_in_own_network([sys.executable, str(scene), str(demo_model_dir),
-                                           str(out), "4", "sdk"]),
-                          capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stderr[-3000:]
-    r = json.loads((out / "result.json").read_text())
+    r = _webrtc_scene(demo_model_dir, tmp_path, "4", "sdk")
     assert r["error"] is None and r["connected"], r
     assert r["callId"].startswith("rtc_")
     # the SDK asks for the user's transcription by default and this model has no transcriber:
@@ -193,13 +193,7 @@ def test_the_page_talks_over_webrtc(demo_model_dir, tmp_path):
     """The page's transport set to WebRTC (call.js): the persona chosen on the page is the
     call's, the answer is heard and its transcript shown, Stop frees the slot."""
     pytest.importorskip("aiortc", reason="the webrtc extra (scripts/install.sh installs it)")
-    scene = Path(__file__).parent / "browser" / "webrtc_call.py"
-    out = tmp_path / "scene"
-    done = subprocess.run(_in_own_network([sys.executable, str(scene), str(demo_model_dir),
-                                           str(out), "3", "page"]),
-                          capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stderr[-3000:]
-    r = json.loads((out / "result.json").read_text())
+    r = _webrtc_scene(demo_model_dir, tmp_path, "3", "page")
     page = r["page"]
     assert page["error"] is None and page["transport"] == "webrtc", r
     assert r["voices"] == ["NATM1"]  # the selector's voice, in the call's session

@@ -225,6 +225,25 @@ def test_the_session_update_sent_as_the_channel_opens_sets_the_persona(srv):
     assert res.events[cleared]["response_id"] == last[-1]  # the audio it cut off
 
 
+def test_transcription_in_the_calls_session_without_a_transcriber_is_an_error(srv):
+    """The offer's session asks for the user's transcription of a model without a transcriber:
+    session.created, then the protocol's error naming the field; the call converses on, its
+    session's other fields applied."""
+    res = asyncio.run(call(srv.url, speech(1.5), token=TOKEN, tail_s=0.3, session={
+        "type": "realtime", "instructions": "Be brief.",
+        "audio": {"input": {"transcription": {"model": "any"}}}}))
+    settle(srv)
+    assert res.status == 201, res.error
+    kinds = [e["type"] for e in res.events]
+    assert kinds[:2] == ["session.created", "error"], kinds
+    assert res.events[0]["session"]["instructions"] == "Be brief."
+    assert res.events[0]["session"]["audio"]["input"]["transcription"] is None
+    error = res.events[1]["error"]
+    assert (error["code"], error["param"]) == ("transcription_unavailable",
+                                               "session.audio.input.transcription")
+    assert kinds.count("error") == 1 and "response.created" in kinds
+
+
 def test_a_call_hung_up_by_delete_ends_and_is_gone(srv):
     res = asyncio.run(call(srv.url, speech(1.0), token=TOKEN, tail_s=0.2, hang_up="delete"))
     settle(srv)

@@ -321,7 +321,9 @@ class RealtimeWire(Wire):
         """Formats apply at once; instructions and voice only until the persona is fixed;
         the effective session is echoed once the persona is ready."""
         if update.transcription is not None:
-            self._transcribe(session, update)
+            refused = self._transcribe(session, update)
+            if refused is not None:
+                session.send(refused)
         params = None if self._persona.done() else self._params(session, update)  # EventError
         if update.input_format is not None:
             session.set_input_format(update.input_format)
@@ -337,21 +339,22 @@ class RealtimeWire(Wire):
         else:
             self._updates_unanswered += 1
 
-    def _transcribe(self, session: RealtimeSession, update: SessionUpdate) -> None:
-        """Transcription on or off. Asked of a model without a transcriber: an error naming the
-        field, and the rest of the update applies (LiveKit asks for it by default)."""
+    def _transcribe(self, session: RealtimeSession, update: SessionUpdate) -> dict | None:
+        """Transcription on or off. Asked of a model without a transcriber: the error event
+        naming the field, for the caller to send, and the rest of the update applies (LiveKit
+        and OpenAI's Agents SDK ask for it by default)."""
         transcriber = self.state.model.loaded.transcriber
         if update.transcription and transcriber is None:
-            session.send(self.events.error(
+            return self.events.error(
                 f"{update.transcription_param}: this model has no transcriber to hear the user "
                 "with; export it with --transcriber (e.g. kyutai/stt-1b-en_fr-candle)",
-                code="transcription_unavailable", param=update.transcription_param))
-            return
+                code="transcription_unavailable", param=update.transcription_param)
         session.transcription = bool(update.transcription)
         name = None if transcriber is None else transcriber.source
         if name and Path(name).is_absolute():  # a directory on the server: its name only
             name = Path(name).name
         self.view.transcription = {"model": name} if update.transcription else None
+        return None
 
     def _params(self, session: Session, update: SessionUpdate) -> ChatParams:
         """The update's persona over the earlier updates' (or the server's defaults);

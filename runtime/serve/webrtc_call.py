@@ -114,10 +114,15 @@ class CallWire(RealtimeWire):
 
     def open_session(self, **core) -> CallSession:
         session = CallSession(self.events, self.call, **core)
+        refused = None
         if self._start:  # the call's starting session, as an update the client made first
             update = parse_session_update({"type": "session.update", "session": self._start})
             self._pending = self._params(session, update)
+            if update.transcription is not None:
+                refused = self._transcribe(session, update)
         session.send(self.events.session_created(self.view))
+        if refused is not None:  # after session.created, as an update's would be
+            session.send(refused)
         return session
 
     def _handle(self, session: CallSession, event: dict) -> None:
