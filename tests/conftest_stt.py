@@ -120,6 +120,23 @@ def plain_model_dir() -> Path:
     return out
 
 
+def heard_of(pcm: np.ndarray) -> list:
+    """The Python API's heard events (greedy, no persona) on exactly these frames (float32,
+    24 kHz): what a server's transcription must equal for the frames its model stepped
+    (tests/call_tap.py records them; a real-time client's audio may arrive late under load,
+    and the server's clock then steps silence)."""
+    import personaplex_edge as pe
+
+    model = pe.load(stt_model_dir(), device="cpu")
+    try:
+        with model.conversation(persona=False, greedy=True) as conv:
+            for at in range(0, pcm.shape[0] - 1919, 1920):
+                conv.step(pcm[at:at + 1920])
+            return conv.heard_events()
+    finally:
+        model.close()
+
+
 def serve_options(model_dir: Path):
     """`serve` on a small model: no persona (its context is short), every frame kept."""
     from personaplex_edge.runtime.persona import Persona

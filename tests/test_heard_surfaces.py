@@ -21,11 +21,11 @@ pytest.importorskip("aiohttp")
 openai = pytest.importorskip("openai")
 
 from bench_serve import ServerThread  # noqa: E402
-from conftest_stt import FRAMES, serve_options, stt_bundle, stt_model_dir  # noqa: E402
+from conftest_stt import (FRAMES, heard_of, serve_options, stt_bundle,  # noqa: E402
+                          stt_model_dir)
 from pydantic import TypeAdapter  # noqa: E402
 
 from personaplex_edge.audio import pcm16_bytes  # noqa: E402
-from personaplex_edge.runtime.persona import Persona  # noqa: E402
 from personaplex_edge.runtime.serve import ServeOptions  # noqa: E402
 
 
@@ -37,19 +37,8 @@ def heard():
 @functools.lru_cache(maxsize=None)
 def api_heard():
     """What the Python API hears of the bundle's audio: (events, the PCM16 sent on wires)."""
-    import personaplex_edge as pe
-
-    b = stt_bundle()
-    pcm16 = pcm16_bytes(b.pcm)
-    pcm = np.frombuffer(pcm16, "<i2").astype(np.float32) / 32768
-    model = pe.load(stt_model_dir(), device="cpu")
-    try:
-        with model.conversation(persona=False, greedy=True) as conv:
-            for i in range(FRAMES):
-                conv.step(pcm[i * 1920:(i + 1) * 1920])
-            events = conv.heard_events()
-    finally:
-        model.close()
+    pcm16 = pcm16_bytes(stt_bundle().pcm)
+    events = heard_of(np.frombuffer(pcm16, "<i2").astype(np.float32) / 32768)
     turns = [e for e in events if e.kind == "turn"]
     assert turns, "the bundle's audio must end a turn (its VAD head passes 0.6)"
     return events, pcm16
@@ -164,20 +153,6 @@ def test_transcription_asked_of_a_model_without_one_is_an_error_naming_the_field
     assert updated["audio"]["input"]["transcription"] is None
 
 
-def _heard_by_the_api(pcm: np.ndarray):
-    """The Python API's heard events on exactly these frames (float32, 24 kHz)."""
-    import personaplex_edge as pe
-
-    model = pe.load(stt_model_dir(), device="cpu")
-    try:
-        with model.conversation(persona=False, greedy=True) as conv:
-            for at in range(0, pcm.shape[0] - 1919, 1920):
-                conv.step(pcm[at:at + 1920])
-            return conv.heard_events()
-    finally:
-        model.close()
-
-
 def test_a_webrtc_call_carries_the_users_words(server):
     """`/v1/realtime` over WebRTC (an aiortc client, benchmarks/bench_webrtc.py) with the
     transcription turned on in the call's session: the user's words come on the data channel,
@@ -209,7 +184,7 @@ def test_a_webrtc_call_carries_the_users_words(server):
     completed = [e["transcript"] for e in res.events
                  if e["type"] == "conversation.item.input_audio_transcription.completed"]
 
-    api = _heard_by_the_api(stepped)
+    api = heard_of(stepped)
     pieces = "".join(e.text for e in api if e.kind == "piece")
     turns = [e.text for e in api if e.kind == "turn"]
     assert completed and deltas, res.events  # a turn heard and ended within the call

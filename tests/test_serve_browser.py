@@ -144,7 +144,7 @@ def test_openai_browser_quickstart_calls_the_server(demo_model_dir, tmp_path):
     assert r["events"][0]["session"]["audio"]["output"]["voice"] == "NATM1"  # the key's
     transcript = "".join(e["delta"] for e in r["events"]
                          if e["type"] == "response.output_audio_transcript.delta")
-    pieces, _ = run_pieces(demo_model_dir, np.load(out / "heard.npy"), tmp_path / "run",
+    pieces, _ = run_pieces(demo_model_dir, np.load(tmp_path / "scene" / "heard.npy"), tmp_path / "run",
                            "--greedy", "--voice-prompt", "NATM1")
     assert len(transcript) > 5
     # the browser's stats were read a moment before the hang-up: the transcript runs at least

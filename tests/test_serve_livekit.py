@@ -24,7 +24,7 @@ import pytest
 
 pytest.importorskip("aiohttp")
 
-from bench_serve import FRAME, ServerThread, speech  # noqa: E402
+from bench_serve import FRAME, ServerThread, speech, wait_until  # noqa: E402
 from side_venv import side_venv  # noqa: E402
 
 from personaplex_edge.audio import pcm16_bytes as pcm16  # noqa: E402
@@ -90,16 +90,24 @@ def test_a_livekit_realtime_session_converses(livekit, demo_model, demo_model_di
 def test_livekit_hears_the_users_words(livekit, tmp_path):
     """On a model with a transcriber, LiveKit's default session asks for the user's words:
     its input_audio_transcription_completed events carry them - interim ones the deltas joined
-    per item, the final one the turn's transcript, as the Python API hears the same audio."""
-    from conftest_stt import FRAMES, serve_options, stt_model_dir
-    from test_heard_surfaces import api_heard
+    per item, the final one the turn's transcript, as the Python API hears the frames the
+    model stepped (LiveKit streams in real time: under load some may come late, and the
+    server's clock steps silence instead)."""
+    from call_tap import ModelInput
+    from conftest_stt import FRAMES, heard_of, serve_options, stt_bundle, stt_model_dir
 
-    events, pcm16 = api_heard()
-    turn = next(e for e in events if e.kind == "turn")
     audio = tmp_path / "speech.pcm"
-    audio.write_bytes(pcm16)
+    audio.write_bytes(pcm16(stt_bundle().pcm))
     with ServerThread(serve_options(stt_model_dir())) as srv:
-        seen = converse(livekit, srv.url, audio, FRAMES * 0.08, "-")
+        tap = ModelInput(srv)
+        try:
+            seen = converse(livekit, srv.url, audio, FRAMES * 0.08, "-")
+            assert wait_until(lambda: srv.state.slots_used == 0, 10)
+            stepped = tap.only()
+        finally:
+            tap.close()
+    events = heard_of(stepped)
+    turn = next(e for e in events if e.kind == "turn")
     finals = [h for h in seen["heard"] if h["final"]]
     assert finals and finals[0]["transcript"] == turn.text
     interim = [h for h in seen["heard"] if not h["final"] and h["item"] == finals[0]["item"]]

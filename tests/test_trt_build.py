@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ci_parts import not_installable
 
 from personaplex_edge.manifest import load_model_dir, write_manifest
 
