@@ -123,7 +123,9 @@ class Chromium:
             args.append(f"--use-file-for-fake-audio-capture={self.fake_audio}")
         self.proc = await asyncio.create_subprocess_exec(
             self.binary, *args, "about:blank", stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+            # its own temporary files (org.chromium.Chromium.*) go with the profile, not to /tmp
+            env={**os.environ, "TMPDIR": self._profile.name})
         url = None
         while url is None:
             line = await asyncio.wait_for(self.proc.stderr.readline(), 30)
