@@ -1,9 +1,9 @@
 """What the user said, on every wire: `/v1/realtime` (the openai SDK's GA and beta clients, their
 own types validating every event; over WebRTC, an aiortc call), `/api/chat` and `stdio` (the
-HEARD message), on the model
-exported with a transcriber (tests/conftest_stt.py). What each wire carries is what the Python
-API hears from the same audio; a model without a transcriber refuses the request with the
-protocol's own error."""
+HEARD message), on the model exported with a transcriber (tests/conftest_stt.py). What each
+wire carries is what the Python API hears from the same audio (or, where the audio goes through
+a codec or a real-time clock, from the frames the model stepped); a model without a transcriber
+refuses the request with the protocol's own error."""
 
 from __future__ import annotations
 
