@@ -336,3 +336,27 @@ def test_the_transcriber_runs_on_a_simulated_rtx_gpu_as_on_the_cpu(run_outputs, 
                  "--greedy", "--no-persona", "--device", "cuda"]) == 0
     assert "transcriber_step.onnx" in sys.modules["tensorrt_rtx"].deserialized
     assert json.loads((tmp_path / "user.json").read_text()) == run_outputs["user"]
+
+
+def test_batch_writes_the_users_words_as_run_does(run_outputs, tmp_path):
+    """`batch` on a model with a transcriber writes each item's user words (NAME.user.json
+    beside its text JSON): `run --user-text-out`'s records for the same file, and for a shorter
+    recording on the same worker the first frames' (the transcriber is causal). A finished
+    item missing its user words is not skipped on a rerun."""
+    work = run_outputs["work"]
+    folder = tmp_path / "calls"
+    folder.mkdir()
+    pcm = read_audio(work / "in.wav")
+    write_audio(folder / "whole.wav", pcm)
+    write_audio(folder / "short.wav", pcm[:30 * 1920])
+    answers = tmp_path / "answers"
+    args = ["batch", "--model", str(stt_model_dir()), "--input", str(folder), "--output",
+            str(answers), "--greedy", "--no-persona", "--workers", "1"]
+    assert main(args) == 0
+    assert json.loads((answers / "whole.user.json").read_text()) == run_outputs["user"]
+    assert json.loads((answers / "short.user.json").read_text()) == run_outputs["user"][:30]
+    (answers / "short.user.json").unlink()
+    before = (answers / "whole.wav").stat().st_mtime_ns
+    assert main(args) == 0
+    assert (answers / "short.user.json").is_file()
+    assert (answers / "whole.wav").stat().st_mtime_ns == before  # finished: skipped

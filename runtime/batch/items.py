@@ -5,7 +5,9 @@ shard takes.
                                too): each `*input.wav` is answered by `*output.wav` beside it,
                                or at the same relative path under --output
     a folder of audio files    each file (any rate) -> <output>/<relative path>.wav and the
-                               per-frame text JSON beside it (`run --text-out`'s)
+                               per-frame text JSON beside it (`run --text-out`'s); on a
+                               model with a transcriber, the user's words too (.user.json,
+                               `run --user-text-out`'s)
     a JSONL manifest           one item a line: `input`, and optionally `output`,
                                `text_prompt`, `voice_prompt`, `seed`; relative paths are
                                the manifest's folder's
@@ -45,13 +47,20 @@ class Item:
         """Where --codes keeps the agent's codes and text tokens (beside the answer)."""
         return self.output.with_name(self.output.stem + ".codes.npz")
 
-    def outputs(self, with_codes: bool) -> list[Path]:
-        return [p for p in (self.codes if with_codes else None, self.text, self.output) if p]
+    @property
+    def user_text(self) -> Path | None:
+        """Where a model with a transcriber writes what the user said, a record per frame
+        (beside the text JSON; None where there is none)."""
+        return None if self.text is None else self.text.with_name(self.text.stem + ".user.json")
 
-    def finished(self, with_codes: bool) -> bool:
+    def outputs(self, with_codes: bool, with_user_text: bool = False) -> list[Path]:
+        return [p for p in (self.codes if with_codes else None, self.text,
+                            self.user_text if with_user_text else None, self.output) if p]
+
+    def finished(self, with_codes: bool, with_user_text: bool = False) -> bool:
         """Every output there: written atomically, the answer last, by a run that finished
         the item."""
-        return all(p.is_file() for p in self.outputs(with_codes))
+        return all(p.is_file() for p in self.outputs(with_codes, with_user_text))
 
     def own(self, name: str, default):
         """The item's own persona or seed field where the manifest gives one, else `default`."""

@@ -113,7 +113,7 @@ def run_batch(model: Model, items: list[Item], sampling: SamplingParams, persona
     results = [ItemResult(i.key, str(i.input), str(i.output)) for i in items]
     todo = []
     for item, result in zip(items, results):
-        if not overwrite and item.finished(codes):
+        if not overwrite and item.finished(codes, model.loaded.transcriber is not None):
             result.status = "skipped"
         else:
             todo.append((_audio_seconds(item.input), item, result))
@@ -155,6 +155,7 @@ class _Run:
                  summary: BatchSummary, progress: BatchProgress):
         self.model, self.sampling, self.persona, self.codes = model, sampling, persona, codes
         self.summary, self.progress = summary, progress
+        self.hearing = model.loaded.transcriber is not None  # the user's words written too
         self.frame_seconds = model.frame_size / model.sample_rate
         self.lock = threading.Lock()  # the summary's counters and the progress display
         self.stop = threading.Event()  # Ctrl-C: every worker leaves between two ticks
@@ -206,6 +207,8 @@ class _Run:
         for conv, (pcm, token) in answers.items():
             entry = open_items[conv]
             entry.built.add(entry.next, pcm, token, conv.last_frame)
+            if conv.transcribing:
+                entry.built.hear(conv.heard_token, conv.heard_events())
             entry.next += 1
             if entry.next == entry.built.frames:
                 del open_items[conv]
@@ -237,7 +240,8 @@ class _Run:
                 raise
             self.fail(result, e)
             return None
-        built = ResponseBuilder(pcm, model.frame_size, model.text, keep_codes=self.codes)
+        built = ResponseBuilder(pcm, model.frame_size, model.text, keep_codes=self.codes,
+                                heard_text=model.loaded.heard_text)
         result.frames, result.seconds = built.frames, pcm.shape[0] / model.sample_rate
         return _Open(item, result, conv, built)
 
@@ -248,8 +252,8 @@ class _Run:
             self.progress.item_done()
 
     def finish(self, entry: _Open) -> None:
-        """The item's outputs, each atomically: codes, text, then the answer (which marks the
-        item finished for a rerun)."""
+        """The item's outputs, each atomically: codes, text, the user's words (a model with a
+        transcriber), then the answer (which marks the item finished for a rerun)."""
         item, built, model = entry.item, entry.built, self.model
         response = built.response()
         try:
@@ -259,6 +263,8 @@ class _Run:
                            model.frame_size).save(item.codes)
             if item.text is not None:
                 write_records(item.text, response.records)
+            if self.hearing and item.user_text is not None:
+                write_records(item.user_text, response.heard_records)
             write_audio(item.output, response.pcm, model.sample_rate)
         except OSError as e:
             self.fail(entry.result, PersonaPlexError(f"cannot write {item.output}: {e}"))
