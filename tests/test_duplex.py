@@ -69,10 +69,14 @@ def test_fast_step_processes_every_frame_in_order():
         seen.append(frame.copy())
         return frame * 2.0
 
-    loop = DuplexLoop(step, max_backlog_frames=2)
+    # a backlog as long as the drive: a worker the scheduler stalls (the suite runs beside
+    # other work) catches up instead of dropping; dropping is the next test's
+    loop = DuplexLoop(step, max_backlog_frames=25)
     loop.start()
     _drive(loop, 25, period=0.01)
-    time.sleep(0.1)
+    deadline = time.monotonic() + 5
+    while loop.stats.frames < 25 and time.monotonic() < deadline:
+        time.sleep(0.01)
     loop.stop()
     assert loop.stats.frames == 25 and loop.stats.dropped_frames == 0
     # every frame, whole and in its place: frame k holds samples k*1920 .. k*1920 + 1919
