@@ -8,7 +8,6 @@ refuses the request with the protocol's own error."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import functools
 import json
 import struct
@@ -25,6 +24,7 @@ from bench_serve import ServerThread  # noqa: E402
 from conftest_stt import (FRAMES, heard_of, serve_options, stt_bundle,  # noqa: E402
                           stt_model_dir)
 from pydantic import TypeAdapter  # noqa: E402
+from realtime_sdk import sdk_events  # noqa: E402
 
 from personaplex_edge.audio import pcm16_bytes  # noqa: E402
 from personaplex_edge.runtime.serve import ServeOptions  # noqa: E402
@@ -53,23 +53,8 @@ def server():
 
 async def _realtime(connect, session: dict, pcm16: bytes, until: str) -> list[dict]:
     """An SDK connection: the update, then the audio, then events until one of type `until`."""
-    events = []
-    async with connect as conn:
-        await conn.session.update(session=session)
-        async for event in conn:
-            events.append(event.to_dict())
-            if event.type == "session.updated":
-                break
-        if until == "session.updated":
-            return events
-        for at in range(0, len(pcm16), 3840):
-            await conn.input_audio_buffer.append(
-                audio=base64.b64encode(pcm16[at:at + 3840]).decode())
-        async for event in conn:
-            events.append(event.to_dict())
-            if event.type == until:
-                break
-    return events
+    stop = None if until == "session.updated" else (lambda event: event.type == until)
+    return await sdk_events(connect, session, pcm16, 3840, stop)
 
 
 def _first_turn(events):

@@ -26,6 +26,7 @@ import aiohttp  # noqa: E402
 from bench_serve import (FRAME, FRAME_S, ServerThread, realtime_url, reference_run,  # noqa: E402
                          speech, talk_realtime, wait_until)
 from pydantic import TypeAdapter  # noqa: E402
+from realtime_sdk import sdk_events  # noqa: E402
 
 from personaplex_edge.runtime.persona import DEFAULT_TEXT_PROMPT  # noqa: E402
 from personaplex_edge.runtime.serve import ServeOptions  # noqa: E402
@@ -58,22 +59,14 @@ async def sdk_conversation(connect, data: bytes, session: dict, chunk: int, fram
                            audio_delta: str) -> tuple[list[dict], bytes]:
     """Through an SDK connection: session.update, wait for session.updated, append `data` in
     `chunk`-byte events as fast as the SDK sends, read until `frames` answer frames came."""
-    events, audio = [], bytearray()
-    async with connect as conn:
-        await conn.session.update(session=session)
-        async for event in conn:
-            events.append(event.to_dict())
-            if event.type == "session.updated":
-                break
-        for at in range(0, len(data), chunk):
-            await conn.input_audio_buffer.append(
-                audio=base64.b64encode(data[at:at + chunk]).decode())
-        async for event in conn:
-            events.append(event.to_dict())
-            if event.type == audio_delta:
-                audio.extend(base64.b64decode(event.delta))
-                if len(audio) >= frames * FRAME_BYTES:
-                    break
+    audio = bytearray()
+
+    def enough(event) -> bool:
+        if event.type == audio_delta:
+            audio.extend(base64.b64decode(event.delta))
+        return len(audio) >= frames * FRAME_BYTES
+
+    events = await sdk_events(connect, session, data, chunk, enough)
     return events, bytes(audio)
 
 

@@ -314,7 +314,7 @@ async def _read(wire: Wire, transport: Transport, session: Session) -> None:
         return
     except asyncio.CancelledError:
         raise
-    except Exception as e:  # the server's fault: this session ends with it, said and logged
+    except Exception as e:  # the server's fault: the session ends with it, said and logged
         log.exception("session %d (%s, %s): internal error reading", session.id, session.peer,
                       wire.name)
         session.end(f"internal error: {e}", WSCloseCode.INTERNAL_ERROR)

@@ -140,7 +140,7 @@ class Session:
                      "sent", WSCloseCode.POLICY_VIOLATION)
 
     def end(self, reason: str | None, code: int = WSCloseCode.OK) -> None:
-        """Asks the handler to end this session with `reason` (None: quietly, the client
+        """Asks the handler to end the session with `reason` (None: quietly, the client
         left) and the WebSocket close `code`."""
         if not self.ended.done():
             self.ended.set_result((reason, code))
@@ -233,7 +233,7 @@ class Session:
         self._soon(self._deliver, pcm, token)
 
     def failed(self, reason: str) -> None:
-        """The tick thread could not step this session."""
+        """The tick thread could not step the session."""
         self._soon(self.end, reason, WSCloseCode.INTERNAL_ERROR)
 
     def _soon(self, fn: Callable, *args) -> None:
