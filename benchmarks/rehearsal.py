@@ -280,11 +280,11 @@ def rtx_engines(label: str, model: Path, work: Path, graphs: list[str] | None = 
     from personaplex_edge.runtime.backends.trt_build import graph_weight_bytes
 
     manifest = load_model_dir(model)
-    graphs = sorted(graphs or manifest.graphs, key=lambda g: graph_weight_bytes(
-        model / manifest.graphs[g].file).stored)
+    weights_of = {g: graph_weight_bytes(model / manifest.graphs[g].file).stored
+                  for g in graphs or manifest.graphs}
     rows = []
-    for graph in graphs:
-        weights = graph_weight_bytes(model / manifest.graphs[graph].file).stored
+    for graph in sorted(weights_of, key=weights_of.get):
+        weights = weights_of[graph]
         row = {"recipe": label, "graph": graph, "weight_bytes": weights,
                "memory_available_before": available_memory()}
         rows.append(row)

@@ -23,8 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from rehearsal import engines_table, rtx_engines  # noqa: E402
 
+from personaplex_edge.contract import PRECISIONS  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
-PRECISIONS = ["fp32", "fp16", "bf16", "int8", "int4", "fp8"]
 
 
 def export(config: str, work: Path) -> Path:

@@ -256,19 +256,6 @@ def transcriber_jobs(cfg: TranscriberConfig, batch: int, k_max: int = 0):
              transcriber_outputs(cfg), transcriber_plan(cfg), streamed)]
 
 
-def load_transcriber(path: str | Path, cfg: TranscriberConfig) -> TranscriberStep:
-    """The step in float32 from a checkpoint, every tensor checked first (tests)."""
-    from .lm import _materialize
-
-    tf = TensorFile(path, rename=_canonical_key)
-    check_tensors(tf, expected_transcriber_tensors(cfg), what="Kyutai STT")
-    with torch.device("meta"):
-        step = TranscriberStep(cfg)
-    step.load_state_dict(_materialize(tf, transcriber_plan(cfg)), strict=True, assign=True)
-    step.make_buffers()
-    return step.eval()
-
-
 # ---- into a model directory ---------------------------------------------------------------------
 
 def export_transcriber_graph(stt: TranscriberFiles, out: Path, batch: int,

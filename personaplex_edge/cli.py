@@ -88,7 +88,10 @@ def cmd_export(args) -> int:
 
     # TensorRT, onnx, the targets (a GPU for mainline TensorRT) are checked now, not after an
     # hour of export
-    builder = export_builder(args, [args.precision, args.depformer_precision or args.precision])
+    precisions = [args.precision, args.depformer_precision or args.precision]
+    if args.transcriber:  # its graph's engine is built too
+        precisions.append(args.transcriber_precision or args.precision)
+    builder = export_builder(args, precisions)
     t0 = time.perf_counter()
     ckpt = resolve_checkpoint(args.checkpoint, with_lm=not args.codec_only)
     transcriber = None

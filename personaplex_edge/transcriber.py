@@ -221,6 +221,3 @@ class TranscriberConfig:
                    text_padding_id=int(raw.get("existing_text_padding_id", 3)),
                    end_of_padding_id=int(raw.get("existing_text_end_padding_id", 0)),
                    lm_gen_config=dict(gen))
-
-    def with_vad_heads(self, heads: int) -> "TranscriberConfig":
-        return dataclasses.replace(self, vad_heads=heads)

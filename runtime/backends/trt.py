@@ -37,7 +37,7 @@ from .cuda_runtime import (CudaError, DeviceBuffer, Stream, call, copy_to_device
 from .device_graph import DeviceGraph, nbytes
 from .device_rings import ALIGN
 from .state import dims_agree, host_dtype
-from .trt_engine import REBUILD, check_compatible, check_engine_file, engine_spec
+from .trt_engine import check_compatible, check_engine_file, engine_spec, rebuild_sentence
 from .trt_library import RuntimeCache, load_library, rtx_refusal, unsupported_gpu
 
 # TensorRT DataType names -> manifest dtypes
@@ -74,8 +74,7 @@ class TrtEngine:
         refused = rtx_refusal(self.lib, self._runtime, path)
         if refused:
             raise ModelDirError(f"{path} cannot run on this {info.name}: {refused}. "
-                                + REBUILD.format(model_dir=model_dir)[0].upper()
-                                + REBUILD.format(model_dir=model_dir)[1:])
+                                + rebuild_sentence(model_dir))
         self.engine = self._runtime.deserialize_cuda_engine(path.read_bytes())
         if self.engine is None:
             raise ModelDirError(f"{self.lib.title} could not load {path} (see its log above); "
@@ -84,8 +83,7 @@ class TrtEngine:
             failed = self.lib.refit(self.engine, model_dir / entry.file, self._logger)
             if failed:
                 raise ModelDirError(f"{path} is weightless and could not be refit: {failed}. "
-                                    + REBUILD.format(model_dir=model_dir)[0].upper()
-                                    + REBUILD.format(model_dir=model_dir)[1:])
+                                    + rebuild_sentence(model_dir))
         self._check_signature()
         self._jit = RuntimeCache(self.lib, spec.sha256, info.name)
 
@@ -137,6 +135,8 @@ class TrtEngine:
         return TrtGraph(self, stream)
 
     def close(self) -> None:
+        if self.engine is not None:  # kernels compiled while it ran (a shape's first run)
+            self._jit.save()
         self.engine = None
 
 

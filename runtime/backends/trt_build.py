@@ -143,12 +143,6 @@ def _gpu_for_weightless(lib: Library) -> None:
                                "them there, or build engines with their weights here") from None
 
 
-def preflight(precisions: Iterable[str] = (), library: str | None = None,
-              targets: Iterable[str] | None = None) -> str:
-    """`build_setup`, described in one line (what the export prints before it starts)."""
-    return build_setup(precisions, library, targets).describe()
-
-
 def default_timing_cache(trt_version: str, compute_capability: str) -> Path:
     """<user cache>/tensorrt/timing-sm<cc>-trt<version>.cache (user_cache.py)"""
     return user_cache_dir("tensorrt",

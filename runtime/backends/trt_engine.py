@@ -22,6 +22,12 @@ from personaplex_edge.manifest import GraphEntry
 REBUILD = "rebuild the engines on this machine: personaplex-edge engines --model {model_dir}"
 
 
+def rebuild_sentence(model_dir) -> str:
+    """REBUILD as a sentence of its own."""
+    text = REBUILD.format(model_dir=model_dir)
+    return text[0].upper() + text[1:]
+
+
 def engine_spec(model_dir: str | Path, entry: GraphEntry) -> EngineSpec:
     """The engine of a graph, from the entry's `engine` field."""
     data = entry.engine
@@ -76,8 +82,7 @@ def check_compatible(spec: EngineSpec, tensorrt_version: str, compute_capability
                         "capability, but its kernels were chosen by timing on the other GPU")
     if problems:
         raise ModelDirError(f"{model_dir}/{spec.file} cannot run here: " + "; ".join(problems)
-                            + ". " + REBUILD.format(model_dir=model_dir)[0].upper()
-                            + REBUILD.format(model_dir=model_dir)[1:])
+                            + ". " + rebuild_sentence(model_dir))
 
 
 def check_engine_file(model_dir: str | Path, spec: EngineSpec) -> Path:

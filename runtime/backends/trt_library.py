@@ -232,6 +232,7 @@ class RuntimeCache:
         self.path = user_cache_dir("tensorrt-rtx", f"{engine_sha256[:32]}-{safe}-"
                                                    f"{lib.version}.cache")
         self.cache = None
+        self._kept: bytes | None = None  # what the file holds: read from it, or written
 
     def context(self, engine):
         """An execution context whose JIT reads and fills the runtime cache, shape-specialised
@@ -248,20 +249,27 @@ class RuntimeCache:
             self.cache = config.create_runtime_cache()
             if self.path.is_file():
                 try:
-                    self.cache.deserialize(self.path.read_bytes())
+                    kept = self.path.read_bytes()
+                    self.cache.deserialize(kept)
+                    self._kept = kept
                 except (RuntimeError, TypeError, ValueError):
                     pass  # another version's or damaged: compiled again, then replaced
         config.set_runtime_cache(self.cache)
         return engine.create_execution_context(config)
 
     def save(self) -> None:
-        """Best effort: a cache that cannot be written means compiling again next time."""
+        """Writes the cache where it holds what the file does not (a context made, kernels
+        compiled for a new shape since). Best effort: a cache that cannot be written means
+        compiling again next time."""
         if self.cache is None:
             return
         try:
             data = bytes(memoryview(self.cache.serialize()))
+            if data == self._kept:
+                return
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_bytes_atomic(self.path, data)
+            self._kept = data
         except (OSError, RuntimeError):
             pass
 

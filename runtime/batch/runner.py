@@ -111,16 +111,18 @@ def run_batch(model: Model, items: list[Item], sampling: SamplingParams, persona
     model on the CPU, a thread per core beats one item at a time: see the README). Items
     whose outputs are all there are skipped unless `overwrite`."""
     results = [ItemResult(i.key, str(i.input), str(i.output)) for i in items]
+    hearing = model.loaded.transcriber is not None  # the user's words are written too
     todo = []
     for item, result in zip(items, results):
-        if not overwrite and item.finished(codes, model.loaded.transcriber is not None):
+        if not overwrite and item.finished(codes, hearing):
             result.status = "skipped"
         else:
             todo.append((_audio_seconds(item.input), item, result))
     # the longest first: the last ticks, which every row's compute pays for however few rows
     # are left, then step the short items (stable: equal lengths in key order)
     todo.sort(key=lambda entry: -entry[0])
-    run = _Run(model, sampling, persona, codes, BatchSummary(results, batch=model.batch),
+    run = _Run(model, sampling, persona, codes, hearing,
+               BatchSummary(results, batch=model.batch),
                progress or BatchProgress(len(todo), sum(seconds for seconds, _, _ in todo)))
     pending = deque((item, result) for _, item, result in todo)
     t0 = time.perf_counter()
@@ -152,10 +154,10 @@ class _Run:
     """What the workers of one run share: the model, the flags, the summary and its lock."""
 
     def __init__(self, model: Model, sampling: SamplingParams, persona: Persona, codes: bool,
-                 summary: BatchSummary, progress: BatchProgress):
+                 hearing: bool, summary: BatchSummary, progress: BatchProgress):
         self.model, self.sampling, self.persona, self.codes = model, sampling, persona, codes
+        self.hearing = hearing  # the model has a transcriber: the user's words written too
         self.summary, self.progress = summary, progress
-        self.hearing = model.loaded.transcriber is not None  # the user's words written too
         self.frame_seconds = model.frame_size / model.sample_rate
         self.lock = threading.Lock()  # the summary's counters and the progress display
         self.stop = threading.Event()  # Ctrl-C: every worker leaves between two ticks
@@ -207,7 +209,7 @@ class _Run:
         for conv, (pcm, token) in answers.items():
             entry = open_items[conv]
             entry.built.add(entry.next, pcm, token, conv.last_frame)
-            if conv.transcribing:
+            if self.hearing:  # (drained either way: nothing takes them later)
                 entry.built.hear(conv.heard_token, conv.heard_events())
             entry.next += 1
             if entry.next == entry.built.frames:
@@ -240,8 +242,10 @@ class _Run:
                 raise
             self.fail(result, e)
             return None
+        # the user's words kept where the item writes them (a Full-Duplex-Bench tree does not)
+        heard_text = model.loaded.heard_text if self.hearing and item.user_text else None
         built = ResponseBuilder(pcm, model.frame_size, model.text, keep_codes=self.codes,
-                                heard_text=model.loaded.heard_text)
+                                heard_text=heard_text)
         result.frames, result.seconds = built.frames, pcm.shape[0] / model.sample_rate
         return _Open(item, result, conv, built)
 

@@ -35,8 +35,6 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.opus_decoder_destroy.argtypes = [p]
     lib.opus_decode_float.restype = i
     lib.opus_decode_float.argtypes = [p, ctypes.c_char_p, i32, p, i, i]
-    lib.opus_packet_get_nb_samples.restype = i
-    lib.opus_packet_get_nb_samples.argtypes = [ctypes.c_char_p, i32, i32]
     lib.opus_encoder_create.restype = p
     lib.opus_encoder_create.argtypes = [i32, i, i, ctypes.POINTER(i)]
     lib.opus_encoder_destroy.argtypes = [p]
@@ -105,11 +103,6 @@ class Decoder:
         data, size, fec = (next_packet, len(next_packet), 1) if next_packet else (None, 0, 0)
         return _check(self._lib, self._lib.opus_decode_float(
             self._state, data, size, out.ctypes.data, samples, fec), "opus_decode_float")
-
-    def packet_samples(self, packet: bytes) -> int:
-        """The samples per channel a packet holds at this decoder's rate (from its TOC byte)."""
-        return _check(self._lib, self._lib.opus_packet_get_nb_samples(
-            packet, len(packet), self.rate), "opus_packet_get_nb_samples")
 
     def __del__(self):
         state, self._state = getattr(self, "_state", None), None

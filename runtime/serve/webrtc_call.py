@@ -97,12 +97,6 @@ class CallSession(RealtimeSession):
         out.update(self.owner.figures())
         return out
 
-    def stats(self) -> dict:
-        out = super().stats()
-        out.update({k: v for k, v in self.owner.figures().items() if k in (
-            "rtt_ms", "jitter_ms", "depth_ms", "lost", "concealed")})
-        return out
-
 
 class CallWire(RealtimeWire):
     name = "webrtc"
@@ -392,8 +386,9 @@ class Call:
             for task in self._tasks:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
-            self.state.call_metrics.account(self._accounted, self.figures())
-            self._accounted = self.figures()
+            figures = self.figures()
+            self.state.call_metrics.account(self._accounted, figures)
+            self._accounted = figures
             try:
                 await asyncio.wait_for(self.pc.close(), CLOSE_TIMEOUT_S)
             except asyncio.TimeoutError:
