@@ -385,6 +385,30 @@ def test_simulated_gpu_engines_command_on_a_read_only_directory_writes_the_user_
     assert len(_cached_engines(tmp_path)) == 1
 
 
+def test_simulated_gpu_engines_command_refuses_portable_engines_for_a_read_only_directory(
+        downloaded, tmp_path, capsys):
+    """--targets and --weightless build engines for the model directory itself; the per-user
+    cache holds only this GPU's. On a read-only directory they are refused, naming both ways
+    on, instead of silently building something else; nothing is built or written."""
+    from dir_state import read_only, tree_state
+
+    from personaplex_edge.cli import main
+
+    model = downloaded
+    trt = sys.modules["tensorrt"]
+    before = tree_state(model)
+    with read_only(model):
+        for flags, named in ((["--targets", "8.9"], "--targets"),
+                             (["--weightless"], "--weightless"),
+                             (["--targets", "8.9", "--weightless"], "--targets and --weightless")):
+            assert main(["engines", "--model", str(model), "--library", "rtx", *flags]) != 0
+            err = capsys.readouterr().err
+            assert f"is read-only here (or a Hugging Face snapshot), and {named} build" in err
+            assert "copy the model to a directory of your own" in err and err.count("\n") == 1
+    assert trt.builds == [] and tree_state(model) == before
+    assert _cached_engines(tmp_path) == []
+
+
 def test_which_directories_the_runtime_may_write(tmp_path):
     from dir_state import read_only
 

@@ -391,16 +391,20 @@ def build_engine(onnx_path: Path, engine_path: Path, precision: str,
                       weightless=setup.weightless)
 
 
+def _check_names(model_dir: Path, manifest: Manifest, names: list[str]) -> None:
+    unknown = [n for n in names if n not in manifest.graphs]
+    if unknown:
+        raise EngineBuildError(f"{model_dir} has no graph {', '.join(unknown)}; its graphs: "
+                               + ", ".join(manifest.graphs))
+
+
 def _build_each(model_dir: Path, manifest: Manifest, names: list[str], into: Path,
                 setup: BuildSetup | None, timing_cache: Path | None,
                 workspace_bytes: int | None,
                 progress: Progress) -> Iterator[tuple[str, EngineSpec]]:
     """Builds the engine of each graph of `names` into directory `into` (`<graph>.engine`),
     yielding it as it is built; refuses unknown graphs and what cannot be built first."""
-    unknown = [n for n in names if n not in manifest.graphs]
-    if unknown:
-        raise EngineBuildError(f"{model_dir} has no graph {', '.join(unknown)}; its graphs: "
-                               + ", ".join(manifest.graphs))
+    _check_names(model_dir, manifest, names)
     setup = setup or build_setup(manifest.graphs[n].precision for n in names)
     into.mkdir(parents=True, exist_ok=True)
     for name in names:
@@ -526,13 +530,20 @@ def rebuild_engines(model_dir: str | Path, graphs: list[str] | None = None,
     # checked first, so that its errors name this directory
     manifest = load_model_dir(model_dir, progress=progress)
     names = list(graphs or manifest.graphs)
-    unknown = [n for n in names if n not in manifest.graphs]
-    if unknown:
-        raise EngineBuildError(f"{model_dir} has no graph {', '.join(unknown)}; its graphs: "
-                               + ", ".join(manifest.graphs))
+    _check_names(model_dir, manifest, names)
+    read_only = not writable_dir(model_dir)
+    if read_only and (targets or weightless):
+        # the per-user cache holds engines for this machine's GPU only, with their weights
+        asked = " and ".join(f for f, on in (("--targets", targets),
+                                             ("--weightless", weightless)) if on)
+        raise EngineBuildError(
+            f"{model_dir} is read-only here (or a Hugging Face snapshot), and {asked} "
+            "build engines for the model directory itself; copy the model to a directory "
+            "of your own to build them there, or leave out "
+            f"{asked} to build engines for this machine's GPU into the per-user cache")
     setup = build_setup([manifest.graphs[n].precision for n in names], library, targets,
                         weightless)
-    if not writable_dir(model_dir):
+    if read_only:
         from .cuda_runtime import CudaError
 
         try:
