@@ -74,12 +74,10 @@ def check_codec_graph(path: Path, fn, inputs, outputs, state,
     return {"how": "full", "calls": CODEC_CHECK_CALLS, "outputs": measured}
 
 
-def export_codec(mimi: Mimi, out: Path, batch: int, progress: Progress,
-                 encoder: Mimi | None = None,
-                 names: tuple[str, ...] = (MIMI_ENCODER, MIMI_DECODER)) -> dict[str, GraphEntry]:
+def export_codec(steps, out: Path, progress: Progress) -> dict[str, GraphEntry]:
+    """The codec graphs of `steps` (codec_steps), each traced into `out` and checked."""
     graphs = {}
-    for name, owner, fn, inputs, outputs, state, rings in codec_steps(mimi, batch, encoder,
-                                                                       names):
+    for name, owner, fn, inputs, outputs, state, rings in steps:
         t0 = time.perf_counter()
         path = out / f"{name}.onnx"
         entry = export_step(owner, fn, inputs, outputs, state, path)
@@ -223,7 +221,7 @@ def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "f
     encoder = None if transcriber is None else load_mimi(ckpt.mimi, dataclasses.replace(
         cfg.mimi_config, num_codebooks=transcriber.config.num_audio_codebooks))
     with staged_dir(out_dir, progress=progress) as stage:  # says what a killed one left
-        graphs = export_codec(mimi, stage, batch, progress, encoder)
+        graphs = export_codec(codec_steps(mimi, batch, encoder), stage, progress)
         del mimi, encoder
         contents = ["codec"]
         stt_cfg = None

@@ -135,6 +135,20 @@ def check_plans(precision: str, backend: str, kv_dtype: str | None = None,
     plans = lm_plans(precision, backend, kv_dtype, None, depformer_precision)
     if transcriber_precision is not None:
         plans[TRANSCRIBER_STEP] = plan_for(transcriber_precision, backend, kv_dtype)
+    return _checked(plans, backend)
+
+
+def check_transcriber_plan(precision: str, backend: str, kv_dtype: str | None = None,
+                           ) -> tuple[PrecisionPlan, list[str]]:
+    """check_plans for a transcriber added alone to an exported model: its step's plan, and
+    the warnings to show before it is exported."""
+    plans, warnings = _checked({TRANSCRIBER_STEP: plan_for(precision, backend, kv_dtype)},
+                               backend)
+    return plans[TRANSCRIBER_STEP], warnings
+
+
+def _checked(plans: dict[str, PrecisionPlan], backend: str,
+             ) -> tuple[dict[str, PrecisionPlan], list[str]]:
     refused = refusals(plans, backend)
     if refused:
         raise PersonaPlexError("; ".join(refused))

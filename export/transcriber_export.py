@@ -25,13 +25,13 @@ import numpy as np
 
 from personaplex_edge.atomic import staged_dir
 from personaplex_edge.contract import CODES, HELIUM_STEP, MIMI_ENCODER, TRANSCRIBER_STEP
-from personaplex_edge.errors import CheckpointError, PersonaPlexError
+from personaplex_edge.errors import CheckpointError
 from personaplex_edge.manifest import Manifest, load_model_dir, sha256_file, write_manifest
 from personaplex_edge.streams import CODEBOOKS_PER_SPEAKER
 
 from .mimi import load_mimi
 from .model_export import CODEC_CHECK_CALLS, codec_steps, export_codec
-from .precision_plan import plan_for, refusals
+from .precision_plan import check_transcriber_plan
 from .transcriber import TranscriberFiles, check_shared_codec, export_transcriber_graph
 
 Progress = Callable[[str], None]
@@ -76,10 +76,10 @@ def add_transcriber(model_dir: str | Path, stt: TranscriberFiles, precision: str
     check_shared_codec(stt, manifest.codec_sha256, cfg.mimi_config, str(model_dir))
     helium = manifest.graphs[HELIUM_STEP]
     precision = precision or helium.precision
-    plan = plan_for(precision, manifest.backend, helium.rings[0].dtype if helium.rings else None)
-    refused = refusals({TRANSCRIBER_STEP: plan}, manifest.backend)
-    if refused:
-        raise PersonaPlexError("; ".join(refused))
+    plan, warnings = check_transcriber_plan(precision, manifest.backend,
+                                            helium.rings[0].dtype if helium.rings else None)
+    for line in warnings:
+        progress(line)
     batch = manifest.batch
     mimi = load_mimi(stt.mimi, cfg.mimi_config)
     encoder = load_mimi(stt.mimi, dataclasses.replace(
@@ -95,8 +95,9 @@ def add_transcriber(model_dir: str | Path, stt: TranscriberFiles, precision: str
             (stage / rel).unlink(missing_ok=True)
         graphs = dict(manifest.graphs)
         graphs.pop(TRANSCRIBER_STEP, None)
-        graphs.update(export_codec(mimi, stage, batch, progress, encoder, names=(MIMI_ENCODER,)))
-        _, _, _, inputs, _, state, _ = next(codec_steps(mimi, batch, encoder, (MIMI_ENCODER,)))
+        step = next(codec_steps(mimi, batch, encoder, (MIMI_ENCODER,)))
+        graphs.update(export_codec([step], stage, progress))
+        _, _, _, inputs, _, state, _ = step
         del mimi, encoder
         if not same_first_codes(model_dir / manifest.graphs[MIMI_ENCODER].file,
                                 stage / graphs[MIMI_ENCODER].file, inputs, state):

@@ -189,6 +189,28 @@ def test_transcriber_added_to_an_exported_model(tmp_path, run_outputs):
     assert json.loads((tmp_path / "u.json").read_text()) == run_outputs["user"]
 
 
+def test_a_transcriber_added_to_a_tensorrt_model_is_warned_of_as_its_export_is(tmp_path,
+                                                                               capsys):
+    """Added alone to an int8 TensorRT model, the transcriber's step takes the model's
+    precision, and the export says before it starts what `export --precision int8 --backend
+    tensorrt` says of the LM's steps: int8 for TensorRT is experimental."""
+    from personaplex_edge.export.precision import convert_model_dir
+
+    b = stt_bundle()
+    model = tmp_path / "int8"
+    convert_model_dir(plain_model_dir(), model, "int8", backend="tensorrt",
+                      progress=lambda s: None)
+    assert main(["export", "--transcriber", str(b.stt_checkpoint), "--out", str(model)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    warned = [i for i, line in enumerate(out)
+              if line.startswith("warning: transcriber_step in int8 for TensorRT is experimental")]
+    exported = [i for i, line in enumerate(out)
+                if "transcriber_step" in line and not line.startswith("warning")]
+    assert warned and exported and warned[0] < exported[0], out
+    manifest = json.loads((model / "manifest.json").read_text())
+    assert manifest["graphs"]["transcriber_step"]["precision"] == "int8"
+
+
 def test_verify_checks_the_transcriber_against_its_checkpoint(capsys):
     b = stt_bundle()
     assert main(["verify", "--model", str(stt_model_dir()), "--checkpoint", str(b.checkpoint),
