@@ -461,13 +461,17 @@ def full_check_fits(job) -> tuple[bool, int, int | None]:
     return have is None or need <= have, need, have
 
 
-def open_lm_header(checkpoint_path: str | Path, cfg: PersonaPlexConfig) -> SafetensorsHeader:
-    """The LM checkpoint's header, every tensor's name and shape checked against `cfg` and the
-    file against its declared length (nothing read but headers)."""
-    open_lm_checkpoint(checkpoint_path, cfg)
-    header = SafetensorsHeader(checkpoint_path, rename=_canonical_key)
+def checked_header(path: str | Path, expected: Shapes, what: str) -> SafetensorsHeader:
+    """A checkpoint's header in moshi's names, every tensor's name and shape checked against
+    `expected` and the file against its declared length (nothing read but the header)."""
+    header = SafetensorsHeader(path, rename=_canonical_key)
+    check_tensors(header, expected, what=what)
     header.check_complete()
     return header
+
+
+def open_lm_header(checkpoint_path: str | Path, cfg: PersonaPlexConfig) -> SafetensorsHeader:
+    return checked_header(checkpoint_path, expected_lm_tensors(cfg), "PersonaPlex LM")
 
 
 def available_memory() -> int | None:

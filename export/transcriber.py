@@ -39,11 +39,10 @@ from personaplex_edge.manifest import TensorSpec, sha256_file
 from personaplex_edge.streams import CODEBOOKS_PER_SPEAKER
 from personaplex_edge.transcriber import TranscriberConfig
 
-from .checkpoint import TensorFile, check_tensors
 from .frugal import SafetensorsHeader, Segment, WeightPlan
 from .helium import Helium
 from .hub import _REPO_ID, _spm_check, hub_fetch, prepare_download, remote_sizes
-from .lm import (RING_GRAPHS, Shapes, _canonical_key, kv_ring_specs, placeholder_modules,
+from .lm import (RING_GRAPHS, Shapes, checked_header, kv_ring_specs, placeholder_modules,
                  temporal_plan, temporal_tensors)
 
 CONFIG_FILE = "config.json"
@@ -185,12 +184,7 @@ def expected_transcriber_tensors(cfg: TranscriberConfig) -> Shapes:
 
 
 def open_transcriber_header(path: str | Path, cfg: TranscriberConfig) -> SafetensorsHeader:
-    """The checkpoint's header, every tensor's name and shape checked against `cfg`."""
-    check_tensors(TensorFile(path, rename=_canonical_key), expected_transcriber_tensors(cfg),
-                  what="Kyutai STT")
-    header = SafetensorsHeader(path, rename=_canonical_key)
-    header.check_complete()
-    return header
+    return checked_header(path, expected_transcriber_tensors(cfg), "Kyutai STT")
 
 
 def transcriber_plan(cfg: TranscriberConfig) -> dict[str, WeightPlan]:
