@@ -33,6 +33,7 @@ from personaplex_edge.manifest import manifest_sha256, verify_files
 from personaplex_edge.user_cache import user_cache_dir
 
 from .trt_engine import check_compatible
+from .trt_library import MAINLINE, RTX
 
 RECORDS = "engines.json"
 _STAMPS = "verified.json"
@@ -55,7 +56,7 @@ class Target:
     compute_capability: str
     device_name: str
     device_memory: int
-    library: str = "tensorrt"
+    library: str = MAINLINE
 
     def runs(self, spec: EngineSpec, model_dir: Path) -> bool:
         try:
@@ -70,7 +71,7 @@ class Target:
 def engine_cache_dir(model_dir: str | Path, target: Target) -> Path:
     """The cache directory of `model_dir`'s engines for `target` (module docstring)."""
     gpu = re.sub(r"[^A-Za-z0-9.]+", "-", target.device_name).strip("-") or "gpu"
-    library = "rtx" if target.library == "tensorrt-rtx" else "trt"
+    library = "rtx" if target.library == RTX else "trt"
     return user_cache_dir(
         "engines", manifest_sha256(model_dir),
         f"{gpu}-{round(target.device_memory / 2**30)}GiB-"

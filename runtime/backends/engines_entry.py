@@ -13,12 +13,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .trt_library import CHOICES, RTX_TARGETS
+from .trt_library import CHOICES, RTX, RTX_TARGETS
 
 
 def add_build_flags(p) -> None:
     """--library and --targets, on `engines` and on `export`."""
-    p.add_argument("--library", choices=[c for c in CHOICES if c != "tensorrt-rtx"],
+    p.add_argument("--library", choices=[c for c in CHOICES if c != RTX],
                    default="auto",
                    help="which TensorRT builds the engines: tensorrt (mainline: for this "
                         "machine's GPU), rtx (TensorRT for RTX: portable RTX engines, no GPU "

@@ -19,6 +19,8 @@ from personaplex_edge.contract import EngineSpec
 from personaplex_edge.errors import ModelDirError
 from personaplex_edge.manifest import GraphEntry
 
+from .trt_library import MAINLINE, RTX, TITLES
+
 REBUILD = "rebuild the engines on this machine: personaplex-edge engines --model {model_dir}"
 
 
@@ -48,13 +50,9 @@ def _memory_differs(built: int, here: int) -> bool:
     return bool(built and here) and abs(built - here) > max(built, here) / 16
 
 
-def _title(library: str) -> str:
-    return "TensorRT for RTX" if library == "tensorrt-rtx" else "TensorRT"
-
-
 def check_compatible(spec: EngineSpec, tensorrt_version: str, compute_capability: str,
                      device_name: str, model_dir: str | Path, device_memory: int = 0,
-                     library: str = "tensorrt") -> None:
+                     library: str = MAINLINE) -> None:
     """Raises ModelDirError unless the engine was built by this library and version for this
     GPU: by TensorRT for RTX, for a target list holding this GPU's compute capability; by
     mainline TensorRT, for this GPU model - the same compute capability is not enough (H100 and
@@ -62,11 +60,13 @@ def check_compatible(spec: EngineSpec, tensorrt_version: str, compute_capability
     name and, where recorded, its memory size must agree too."""
     problems = []
     if spec.library != library:
-        problems.append(f"{_title(spec.library)} built it, this is {_title(library)}")
+        # a manifest from a newer release may name a library this one does not know
+        problems.append(f"{TITLES.get(spec.library, spec.library)} built it, this is "
+                        f"{TITLES[library]}")
     elif spec.tensorrt_version != tensorrt_version:
-        problems.append(f"{_title(library)} {spec.tensorrt_version} built it, this is "
+        problems.append(f"{TITLES[library]} {spec.tensorrt_version} built it, this is "
                         f"{tensorrt_version}")
-    if spec.library == "tensorrt-rtx":
+    if spec.library == RTX:
         if compute_capability not in spec.targets:
             problems.append(f"it was built for compute capabilities "
                             f"{', '.join(spec.targets) or 'none'}, this GPU is "

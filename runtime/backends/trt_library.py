@@ -38,6 +38,7 @@ from personaplex_edge.user_cache import user_cache_dir
 MAINLINE, RTX = "tensorrt", "tensorrt-rtx"
 LIBRARIES = (MAINLINE, RTX)
 _MODULES = {MAINLINE: "tensorrt", RTX: "tensorrt_rtx"}
+TITLES = {MAINLINE: "TensorRT", RTX: "TensorRT for RTX"}
 # what a user writes (--library) -> the library
 CHOICES = {"auto": None, "tensorrt": MAINLINE, "rtx": RTX, "tensorrt-rtx": RTX}
 
@@ -83,7 +84,7 @@ class Library:
 
     @property
     def title(self) -> str:
-        return ("TensorRT for RTX " if self.rtx else "TensorRT ") + self.version
+        return f"{TITLES[self.name]} {self.version}"
 
     # ---- building ----------------------------------------------------------------------------
     def network_flags(self) -> int:
