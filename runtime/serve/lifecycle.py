@@ -139,16 +139,22 @@ class WebSocketTransport(Transport):
         await close(self.ws, self.request, messages, reason, code)
 
 
+def check_origin(request: web.Request, state: ServerState, required: bool = False) -> None:
+    """The origin check (403) of every route that opens a session. `required`: a CORS
+    preflight, which only a page sends, must name the page's origin."""
+    origin = request.headers.get("Origin")
+    if (required and origin is None) or not origin_allowed(request, state.allowed_origins):
+        state.stats.refused.labels(reason="origin").inc()
+        log.info("%s: refused %s %s: origin %s is not allowed (--allowed-origins)",
+                 request.remote or "?", request.method, request.path, origin)
+        raise web.HTTPForbidden(text=f"origin {origin} may not open this server's sessions; "
+                                f"serve with --allowed-origins {origin} to admit it\n")
+
+
 def check_client(request: web.Request, state: ServerState, authorized_by=authorized) -> None:
     """The origin (403) and token (401) checks of every route that opens a session."""
     peer = request.remote or "?"
-    origin = request.headers.get("Origin")
-    if not origin_allowed(request, state.allowed_origins):
-        state.stats.refused.labels(reason="origin").inc()
-        log.info("%s: refused %s: origin %s is not allowed (--allowed-origins)", peer,
-                 request.path, origin)
-        raise web.HTTPForbidden(text=f"origin {origin} may not open this server's sessions; "
-                                f"serve with --allowed-origins {origin} to admit it\n")
+    check_origin(request, state)
     if not authorized_by(request, state.auth_token):
         state.stats.refused.labels(reason="unauthorized").inc()
         log.info("%s: refused %s: no valid token", peer, request.path)

@@ -26,7 +26,7 @@ from aiohttp import web
 
 from .auth import origin_allowed, presented_tokens
 from .client_keys import KeyRequestError, is_client_key
-from .lifecycle import busy_reason, check_client, free_slot, take_slot
+from .lifecycle import busy_reason, check_client, check_origin, free_slot, take_slot
 from .realtime_events import EventError, parse_session_update
 from .state import STATE
 from .webrtc_offer import OfferError, check_offer, read_offer
@@ -64,14 +64,7 @@ def _cors(request: web.Request) -> dict:
 
 
 async def preflight(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    origin = request.headers.get("Origin")
-    if origin is None or not origin_allowed(request, state.allowed_origins):
-        state.stats.refused.labels(reason="origin").inc()
-        log.info("%s: refused the preflight of %s: origin %s is not allowed (--allowed-origins)",
-                 request.remote or "?", request.path, origin)
-        return web.Response(status=403, text=f"origin {origin} may not call this server; serve "
-                                             f"with --allowed-origins {origin} to admit it\n")
+    check_origin(request, request.app[STATE], required=True)
     headers = _cors(request)
     headers.update({
         "Access-Control-Allow-Methods": "POST, DELETE, OPTIONS",
@@ -126,28 +119,25 @@ async def create_call(request: web.Request) -> web.StreamResponse:
 
     take_slot(state)
     call = None
+    kept = False  # else the call is closed and its slot freed, whatever ends it
     try:
         call = Call(state, request, offer, start)
         answer = await call.answer()
+        if state.stopping:  # it stopped while the answer was made: this call is not taken on
+            return _error(503, "the server is shutting down", "server_error",
+                          "server_shutting_down", cors)
+        state.calls[call.id] = call
+        call.task = asyncio.create_task(call.run())
+        kept = True
     except (OfferError, EventError) as e:
-        if call is not None:
-            await call.close()
-        free_slot(state)
         log.info("%s: refused %s: %s", peer, request.path, e)
         return _error(400, str(e), code="invalid_offer" if isinstance(e, OfferError)
                       else "invalid_session", headers=cors)
-    except BaseException:
-        if call is not None:
-            await call.close()
-        free_slot(state)
-        raise
-    if state.stopping:  # it stopped while the answer was made: this call is not taken on
-        await call.close()
-        free_slot(state)
-        return _error(503, "the server is shutting down", "server_error",
-                      "server_shutting_down", cors)
-    state.calls[call.id] = call
-    call.task = asyncio.create_task(call.run())
+    finally:
+        if not kept:
+            if call is not None:
+                await call.close()
+            free_slot(state)
     log.info("call %s (%s): answered", call.id, peer)
     return web.Response(status=201, text=answer, content_type="application/sdp",
                         headers={"Location": f"/v1/realtime/calls/{call.id}", **cors})
