@@ -269,6 +269,7 @@ def cmd_run(args) -> int:
     from .audio import read_audio, write_audio
     from .runtime.metrics import format_summary
     from .runtime.text import Transcript, write_records
+    from .transcriber import no_transcriber
 
     pcm = read_audio(args.input)  # before the model loads: a bad file fails fast
     from .runtime.say import check_say_text, said_line
@@ -276,9 +277,7 @@ def cmd_run(args) -> int:
     says = [(at or 0.0, check_say_text(text, "--say")) for text, at in args.says or []]
     model, conv = _conversation(args)
     if args.user_text_out and not conv.transcribing:
-        raise PersonaPlexError(f"--user-text-out: {model.model_dir} has no transcriber; add one "
-                               "with personaplex-edge export --transcriber "
-                               f"kyutai/stt-1b-en_fr-candle --out {model.model_dir}")
+        raise PersonaPlexError(f"--user-text-out: {no_transcriber(model.model_dir)}")
     if args.realtime:
         from .runtime.audio_io.paced_file import run_paced
         from .runtime.say import SayPlan

@@ -27,7 +27,7 @@ from .config import PersonaPlexConfig
 from .contract import (CODEC_GRAPHS, KV_INPUT_PREFIX, KV_OUTPUT_PREFIX, MIMI_ENCODER,
                        POSITION, state_input, state_output)
 from .errors import ConfigError, ModelDirError
-from .transcriber import TranscriberConfig
+from .transcriber import SUGGESTED_CHECKPOINT, TranscriberConfig
 from .user_cache import user_cache_dir
 
 FORMAT = "personaplex-edge-model"
@@ -40,7 +40,7 @@ MANIFEST = "manifest.json"
 _CAPABILITIES = {"lm": "language model a conversation needs (export from a checkpoint with "
                        "model.safetensors, without --codec-only)",
                  "codec": "Mimi codec",
-                 "transcriber": "transcriber (export --transcriber kyutai/stt-1b-en_fr-candle "
+                 "transcriber": f"transcriber (export --transcriber {SUGGESTED_CHECKPOINT} "
                                 "--out DIR adds one)"}
 
 

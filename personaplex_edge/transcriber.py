@@ -57,6 +57,18 @@ def _where(where: str, name: str) -> str:
     return f"{where}: field '{name}'"
 
 
+# the transcriber the docs and the refusals name: English and French, with the VAD heads
+SUGGESTED_CHECKPOINT = "kyutai/stt-1b-en_fr-candle"
+
+
+def no_transcriber(model_dir=None) -> str:
+    """Why a model cannot hear the user, with the command that adds a transcriber. A server
+    passes no `model_dir`: its clients are not told where its files are."""
+    model = "this model" if model_dir is None else f"the model {model_dir}"
+    return (f"{model} has no transcriber to hear the user with; add one with personaplex-edge "
+            f"export --transcriber {SUGGESTED_CHECKPOINT} --out {model_dir or 'DIR'}")
+
+
 @dataclass(frozen=True)
 class TranscriberConfig:
     """A Kyutai STT model, as the export and the runtime need it."""

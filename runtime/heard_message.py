@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 
+from personaplex_edge import transcriber
 from personaplex_edge.errors import PersonaPlexError
 
 from .heard import Heard
@@ -40,10 +41,8 @@ def parse_request(payload: bytes) -> bool:
     return data["hear"]
 
 
-def no_transcriber(model_dir) -> HeardMessageError:
-    return HeardMessageError(f"HEARD: the model {model_dir} has no transcriber to hear the "
-                             "user with; export it with --transcriber (e.g. "
-                             "kyutai/stt-1b-en_fr-candle)")
+def no_transcriber(model_dir=None) -> HeardMessageError:
+    return HeardMessageError(f"HEARD: {transcriber.no_transcriber(model_dir)}")
 
 
 def event_payload(event: Heard) -> bytes:

@@ -189,9 +189,10 @@ def run_stdio(conv, stdin: BinaryIO, stdout: BinaryIO, max_backlog_frames: int |
     hearing = threading.Event()  # the client asked for HEARD messages
 
     def hear(payload: bytes) -> None:
-        if parse_request(payload) and not conv.transcribing:
+        wanted = parse_request(payload)
+        if wanted and not conv.transcribing:
             raise no_transcriber(conv.model.model_dir)
-        (hearing.set if parse_request(payload) else hearing.clear)()
+        (hearing.set if wanted else hearing.clear)()
 
     def word_events() -> None:  # under the lock
         for event in conv.say_events():

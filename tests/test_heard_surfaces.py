@@ -232,7 +232,9 @@ def test_api_chat_heard_request_without_a_transcriber_is_an_error(demo_model, de
                     return msg.data, closed.type
 
     data, closed = asyncio.run(scene())
-    assert data[0] == 0x05 and b"transcriber" in data
+    # the fix, and not where the server keeps its files
+    assert data[0] == 0x05 and b"add one with personaplex-edge export --transcriber" in data
+    assert str(demo_model_dir).encode() not in data
     assert closed in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED,
                       aiohttp.WSMsgType.CLOSING)
 
@@ -269,7 +271,8 @@ def test_stdio_heard_request_without_a_transcriber_exits_2(demo_model_dir):
                           timeout=120)
     assert done.returncode == 2
     errors = [p for k, p in _messages(done.stdout) if k == 0x05]
-    assert errors and b"transcriber" in errors[0]
+    assert errors and (f"HEARD: the model {demo_model_dir} has no transcriber".encode()
+                       in errors[0]) and f"--out {demo_model_dir}".encode() in errors[0]
 
 
 def test_the_assistants_socket_events_carry_the_users_words(heard):

@@ -114,7 +114,7 @@ class ChatWire(Wire):
         elif kind == protocol.Kind.HEARD:
             wanted = parse_request(payload)
             if wanted and self.state.model.loaded.transcriber is None:
-                raise no_transcriber(self.state.model.model_dir)
+                raise no_transcriber()  # a client is not told where the files are
             session.hearing = wanted
 
 

@@ -45,6 +45,7 @@ import numpy as np
 from aiohttp import WSCloseCode, web
 
 from personaplex_edge.audio import pcm16_bytes
+from personaplex_edge.transcriber import no_transcriber
 
 from ..pcm_frames import PCM16, PcmFrames
 from .lifecycle import Wire, serve_websocket
@@ -346,8 +347,7 @@ class RealtimeWire(Wire):
         transcriber = self.state.model.loaded.transcriber
         if update.transcription and transcriber is None:
             return self.events.error(
-                f"{update.transcription_param}: this model has no transcriber to hear the user "
-                "with; export it with --transcriber (e.g. kyutai/stt-1b-en_fr-candle)",
+                f"{update.transcription_param}: {no_transcriber()}",
                 code="transcription_unavailable", param=update.transcription_param)
         session.transcription = bool(update.transcription)
         name = None if transcriber is None else transcriber.source
