@@ -28,7 +28,8 @@ import operator
 import sys
 
 import numpy as np
-from announcer import FRAME, RATE, Microphone, Silence, Speaker, WavFile  # its audio ends
+from announcer import (FRAME, RATE, Announcer, Microphone, Silence, Speaker,  # its audio ends
+                       WavFile, stream_audio)
 
 SYSTEM = ("You answer a person in a spoken conversation. Reply in one or two short sentences "
           "that read well aloud; write numbers as words. Use the tools for facts you lack.")
@@ -160,25 +161,14 @@ async def over_realtime(args, brain: Brain) -> None:
                 answer = await brain.answer(heard)
                 if answer:
                     print(f"\n[agent: {answer}]", flush=True)
-                    await conn.conversation.item.create(item={
-                        "type": "message", "role": "assistant",
-                        "content": [{"type": "output_text", "text": answer}]})
-                    await conn.response.create()
-
-        async def speak():  # the user's side: one frame every 80 ms
-            source = (WavSource(args.input) if args.input else Silence() if args.silence
-                      else Microphone())
-            sent = 0
-            while args.seconds is None or sent < round(args.seconds * RATE / FRAME):
-                pcm = np.clip(await source.frame(), -1.0, 1.0)
-                data = np.floor(pcm * 32768).clip(-32768, 32767).astype("<i2").tobytes()
-                await conn.input_audio_buffer.append(audio=base64.b64encode(data).decode())
-                sent += 1
+                    await Announcer(conn).say(answer)
 
         tasks = [asyncio.create_task(listen()), asyncio.create_task(think())]
         try:
             await ready.wait()
-            await speak()
+            # the user's side: one frame every 80 ms
+            await stream_audio(conn, WavSource(args.input) if args.input else Silence()
+                               if args.silence else Microphone(), args.seconds)
             await asyncio.sleep(0.5)  # the last answers
         finally:
             for task in tasks:

@@ -97,13 +97,17 @@ class WavFile:
         sf.write(self.path, np.frombuffer(b"".join(self.parts), "<i2"), RATE)
 
 
+def pcm16(frame: np.ndarray) -> bytes:
+    """float32 samples -> PCM16 as a wav file holds them (x 32768, rounded down, clipped)."""
+    return np.floor(frame * 32768.0).clip(-32768, 32767).astype("<i2").tobytes()
+
+
 async def stream_audio(conn, source, seconds: float | None) -> int:
     """The user's side: one frame of PCM16 per 80 ms; returns the frames sent."""
     sent = 0
     while seconds is None or sent < round(seconds * RATE / FRAME):
-        pcm = np.clip(await source.frame(), -1.0, 1.0)
-        data = (pcm * 32767).astype("<i2").tobytes()
-        await conn.input_audio_buffer.append(audio=base64.b64encode(data).decode())
+        await conn.input_audio_buffer.append(audio=base64.b64encode(
+            pcm16(await source.frame())).decode())
         sent += 1
     return sent
 
