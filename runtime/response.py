@@ -13,7 +13,7 @@ from personaplex_edge.streams import AGENT_FIRST, TEXT_STREAM, USER_FIRST
 
 from .heard import Heard
 from .pcm_frames import frame_at, frame_count
-from .text import TextTokenizer
+from .text import TextTokenizer, Transcript
 
 
 @dataclass
@@ -45,14 +45,11 @@ class ResponseBuilder:
         self.frames = frame_count(self.samples, frame_size)
         self._input = np.asarray(signal, np.float32)  # [T]
         self._output = np.empty(self.frames * frame_size, np.float32)  # [frames * frame]
-        self._text = text
-        self.records: list[str] = []
-        self.pieces: list[str] = []
+        self._said = Transcript(text, records=True)
         self._emitted: list[np.ndarray] | None = [] if keep_codes else None  # [9] each
-        self._heard_text = heard_text  # the transcriber's tokenizer (None: no transcriber)
-        self.heard_records: list[str] = []
-        self.heard_pieces: list[str] = []
-        self.heard_events: list[Heard] = []  # its words
+        # the transcriber's (None: the model has none)
+        self._heard = None if heard_text is None else Transcript(heard_text, records=True)
+        self._heard_words: list[Heard] = []
 
     def frame(self, i: int) -> np.ndarray:
         return frame_at(self._input, i, self.frame_size)
@@ -62,25 +59,21 @@ class ResponseBuilder:
         """Step i's answer; `emitted` is the conversation's last emitted frame [9] (text,
         agent codebooks), needed with keep_codes. Returns the text piece ('' for none)."""
         self._output[i * self.frame_size:(i + 1) * self.frame_size] = pcm
-        self.records.append(self._text.record(token))
-        piece = self._text.piece(token)
-        if piece:
-            self.pieces.append(piece)
         if self._emitted is not None and token is not None:
             self._emitted.append(emitted.copy())
-        return piece
+        return self._said.add(token)
 
     def hear(self, token: int | None, events: list[Heard]) -> None:
         """Step i's transcriber token and the events it completed (words, turns)."""
-        if self._heard_text is not None:
-            self.heard_records.append(self._heard_text.record(token))
-            self.heard_pieces.append(self._heard_text.piece(token))
-            self.heard_events += [e for e in events if e.kind == "word"]
+        if self._heard is not None:
+            self._heard.add(token)
+            self._heard_words += [e for e in events if e.kind == "word"]
 
     def response(self) -> Response:
-        return Response(self._output[:self.samples].copy(), "".join(self.pieces).strip(),
-                        self.records, "".join(self.heard_pieces).strip(), self.heard_records,
-                        self.heard_events)
+        heard = self._heard
+        return Response(self._output[:self.samples].copy(), self._said.text, self._said.records,
+                        "" if heard is None else heard.text,
+                        [] if heard is None else heard.records, self._heard_words)
 
     def codes(self) -> tuple[np.ndarray, np.ndarray]:
         """The emitted frames' agent codes [E, 8] and text tokens [E]."""
