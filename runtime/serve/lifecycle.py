@@ -145,8 +145,9 @@ def check_origin(request: web.Request, state: ServerState, required: bool = Fals
     origin = request.headers.get("Origin")
     if (required and origin is None) or not origin_allowed(request, state.allowed_origins):
         state.stats.refused.labels(reason="origin").inc()
-        log.info("%s: refused %s %s: origin %s is not allowed (--allowed-origins)",
-                 request.remote or "?", request.method, request.path, origin)
+        log.info("%s: refused %s%s: origin %s is not allowed (--allowed-origins)",
+                 request.remote or "?", "the preflight of " if required else "", request.path,
+                 origin)
         raise web.HTTPForbidden(text=f"origin {origin} may not open this server's sessions; "
                                 f"serve with --allowed-origins {origin} to admit it\n")
 
