@@ -310,13 +310,17 @@ class RealtimeWire(Wire):
         # conversation.item.*: nothing to do in full duplex
 
     def heard(self) -> None:
-        """The client streams: the persona is fixed now if an update gave one, else after
-        GRACE_S for an update to come."""
+        """The client streams: the persona is fixed now if no update is to be waited for,
+        else after GRACE_S for one to come."""
         self._heard = True
-        if self._pending is not None:
+        if not self._update_may_come():
             self._fix()
         elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(GRACE_S, self._fix)
+
+    def _update_may_come(self) -> bool:
+        """Whether a session.update may still shape the persona: none has given one yet."""
+        return self._pending is None
 
     def _update(self, session: RealtimeSession, update: SessionUpdate) -> None:
         """Formats apply at once; instructions and voice only until the persona is fixed;

@@ -30,7 +30,7 @@ from aiortc.sdp import SessionDescription
 
 from .ice import gathering_on, reachable_candidates
 from .lifecycle import Transport, converse, free_slot, open_session
-from .realtime import GRACE_S, RealtimeSession, RealtimeWire
+from .realtime import RealtimeSession, RealtimeWire
 from .realtime_events import EventError, new_id, parse_session_update
 from .session import ClientError
 from .state import ServerState
@@ -125,14 +125,11 @@ class CallWire(RealtimeWire):
             return
         super()._handle(session, event)
 
-    def heard(self) -> None:
-        """For a call: its events channel is open (or will never be) and audio flows. With a
-        channel, the session.update a client sends as it opens still shapes the persona."""
-        self._heard = True
-        if not self.call.transport.may_get_events:
-            self._fix()
-        elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(GRACE_S, self._fix)
+    def _update_may_come(self) -> bool:
+        """For a call, heard once its events channel is open (or will never be) and audio
+        flows: with a channel, the session.update a client sends as it opens still shapes the
+        persona, even over the call's starting session."""
+        return self.call.transport.may_get_events
 
 
 class CallTransport(Transport):
