@@ -286,7 +286,7 @@ class Lockstep:
         pcm_out = self.decoder.run(out_rows)[PCM] if out_rows else None  # [B, 1, frame]
         m.mark("decode")
         if self.transcriber is not None:
-            self.transcriber.step(rows, codes)  # the encode's codes, still as it left them
+            self.transcriber.step(rows, codes, frames)  # the encode's codes, as it left them
             m.mark("transcribe")
         m.end_frame()
         return {b: (self._silence if emitted[b] is None else pcm_out[b, 0], emitted[b])

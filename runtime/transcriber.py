@@ -2,6 +2,14 @@
 the batch's Mimi encode already made (the first 8 are PersonaPlex's, all n_q the
 transcriber's: no second encode).
 
+A transcriber whose reference feeds silence before the user's audio (stt_config's
+`audio_silence_prefix_seconds`: 1 s for stt-2.6b-en, none for stt-1b-en_fr) hears it here too:
+at each row's start its step runs on the codes of that silence's whole frames, and since 1 s
+is 12.5 frames, its frames then straddle the user's - each holds the last `shift` samples of
+the one before and the first 1920 - `shift` of this one. Its Mimi state is no longer
+PersonaPlex's, so it encodes with its own binding of the encoder graph (one more encode per
+frame, only for such a transcriber).
+
 Per row it keeps what the step reads besides the codes - its own position and the text token it
 chose last - and the HeardStream that turns its tokens into words and turns (heard.py).
 
@@ -15,11 +23,12 @@ chose last - and the HeardStream that turns its tokens into words and turns (hea
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
-from personaplex_edge.contract import POSITION, TEXT_TOKEN, TOKENS, TRANSCRIBER_STEP, VAD
+from personaplex_edge.contract import (CODES, MIMI_ENCODER, PCM, POSITION, TEXT_TOKEN, TOKENS,
+                                       TRANSCRIBER_STEP, VAD)
 from personaplex_edge.transcriber import TURN_HEAD, TranscriberConfig
 
 from .heard import Heard, HeardStream
@@ -42,39 +51,76 @@ class TranscriberRows:
         # [heads, classes] per row: the VAD heads' softmax (class 0: no voice ahead)
         self.vad: list[np.ndarray | None] = [None] * self.batch
         self.events: list[list[Heard]] = [[] for _ in range(self.batch)]
+        self.sample_rate = model.sample_rate
         self.frame_rate = model.sample_rate / model.frame_size
+        # the silence before the user's audio, as the reference pads it (module docstring)
+        prefix = int(self.cfg.audio_silence_prefix_seconds * model.sample_rate)
+        self.prefix_frames, self.shift = divmod(prefix, model.frame_size)
+        self.encoder = model.graphs[MIMI_ENCODER].bind() if prefix else None
+        self._carry = np.zeros((self.batch, self.shift), np.float32)  # [B, shift]
         self.streams = [self._stream() for _ in range(self.batch)]
 
     def _stream(self) -> HeardStream:
         cfg = self.cfg
-        return HeardStream(self.text.piece, 1.0 / self.frame_rate, cfg.audio_delay_seconds,
+        # a frame that straddles two of the user's starts `shift` samples earlier
+        delay = cfg.audio_delay_seconds + self.shift / self.sample_rate
+        return HeardStream(self.text.piece, 1.0 / self.frame_rate, delay,
                            cfg.delay_frames(self.frame_rate), vad=cfg.vad_heads > TURN_HEAD,
                            padding=(cfg.text_padding_id, cfg.end_of_padding_id))
 
     def reset(self, row: int) -> None:
-        """`row` from the start: the first step on the initial tokens (module docstring)."""
+        """`row` from the start: the first step on the initial tokens (module docstring), then
+        the silence its reference feeds first."""
         self._tokens[row] = self._initial
         self._position[row] = 0
         out = self.graph.run([row])
         self.last[row] = out[TEXT_TOKEN][row]
         self.position[row] = 1
+        if self.encoder is not None:
+            self.encoder.reset([row])
+            self.encoder.inputs[PCM][row] = 0.0
+            self._carry[row] = 0.0
+            for _ in range(self.prefix_frames):
+                self._run([row], self.encoder.run([row])[CODES])
         self.token[row], self.vad[row] = None, None
         self.events[row] = []
         self.streams[row] = self._stream()
 
-    def step(self, rows: list[int], codes: np.ndarray) -> None:
-        """One frame for `rows`, codes [B, >= n_q] int64 (the batch's encode)."""
+    def _run(self, rows: list[int], codes: np.ndarray) -> dict[str, np.ndarray]:
+        """The step on codes [B, >= n_q]: each row's text token kept for its next step."""
         n = self.cfg.num_audio_codebooks
         for b in rows:
             self._tokens[b, 0, 0] = self.last[b]
             self._tokens[b, 0, 1:] = codes[b, :n]
             self._position[b] = self.position[b]
         out = self.graph.run(rows)
+        for b in rows:
+            self.last[b] = out[TEXT_TOKEN][b]
+            self.position[b] += 1
+        return out
+
+    def _own_codes(self, rows: list[int], frames: Mapping[int, np.ndarray]) -> np.ndarray:
+        """The frames this transcriber hears (module docstring), encoded: codes [B, n_q]."""
+        pcm = self.encoder.inputs[PCM]  # [B, 1, frame]
+        cut = pcm.shape[-1] - self.shift
+        for b in rows:
+            frame = frames[b].reshape(-1)
+            pcm[b, 0, :self.shift] = self._carry[b]
+            pcm[b, 0, self.shift:] = frame[:cut]
+            self._carry[b] = frame[cut:]
+        return self.encoder.run(rows)[CODES]
+
+    def step(self, rows: list[int], codes: np.ndarray,
+             frames: Mapping[int, np.ndarray]) -> None:
+        """One frame for `rows`: codes [B, >= n_q] int64 (the batch's encode) and the frames
+        it encoded (row -> pcm [1920]), which a transcriber with a silence prefix encodes
+        itself."""
+        if self.encoder is not None:
+            codes = self._own_codes(rows, frames)
+        out = self._run(rows, codes)
         text, vad = out[TEXT_TOKEN], out.get(VAD)
         for b in rows:
             token = int(text[b])
-            self.last[b] = token
-            self.position[b] += 1
             self.token[b] = token
             heads = None if vad is None else vad[b].copy()
             self.vad[b] = heads
@@ -89,3 +135,5 @@ class TranscriberRows:
 
     def close(self) -> None:
         self.graph.close()
+        if self.encoder is not None:
+            self.encoder.close()

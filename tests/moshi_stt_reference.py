@@ -190,24 +190,25 @@ def checkpoint_info(root: Path):
 
 
 @torch.no_grad()
-def reference_transcribe(root: Path, pcm: np.ndarray) -> dict:
+def reference_transcribe(root: Path, pcm: np.ndarray, with_vad: bool = True) -> dict:
     """moshi's own STT inference on `pcm` (24 kHz, a whole number of frames): run_inference's
     InferenceState.run, first frame fed twice and the audio padded as it pads it, the text
     token of every step taken from LMGen's on_text_hook; and the VAD heads' probabilities from
     LMGen.step_with_extra_heads on the same codes, on the same schedule. Returns per input
-    frame: text [F], vad [F, heads, classes] and Mimi's codes [F, n_q]."""
+    frame: text [F], vad [F, heads, classes] and Mimi's codes [F, n_q] (the text alone for a
+    checkpoint with a silence prefix, or without `with_vad`)."""
     from moshi.models import LMGen
     from moshi.run_inference import InferenceState
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matrices: one thread is many times faster on a busy CPU
     try:
-        return _transcribe(root, pcm, InferenceState, LMGen)
+        return _transcribe(root, pcm, InferenceState, LMGen, with_vad)
     finally:
         torch.set_num_threads(threads)
 
 
-def _transcribe(root: Path, pcm: np.ndarray, InferenceState, LMGen) -> dict:
+def _transcribe(root: Path, pcm: np.ndarray, InferenceState, LMGen, with_vad: bool) -> dict:
     info = checkpoint_info(root)
     mimi = info.get_mimi(device="cpu")
     lm = info.get_moshi(device="cpu", dtype=torch.float32)
@@ -218,7 +219,14 @@ def _transcribe(root: Path, pcm: np.ndarray, InferenceState, LMGen) -> dict:
                            **info.lm_gen_config)
     frames = pcm.shape[0] // mimi.frame_size
     state.run(torch.from_numpy(pcm[None, None, :frames * mimi.frame_size]).float())
-    text = np.array(tokens[1:1 + frames])  # the first step read the initial tokens only
+    # the first step read the initial tokens only; then the silence prefix's whole frames
+    # (run_inference pads int(seconds x 24000) samples: the frame after them straddles the
+    # audio's start, and is the first the runtime records)
+    skip = int(info.stt_config.get("audio_silence_prefix_seconds", 0.0) * 24000) \
+        // mimi.frame_size
+    text = np.array(tokens[1 + skip:1 + skip + frames])
+    if skip or not with_vad:
+        return {"text": text}
 
     # the VAD heads: the same steps again through step_with_extra_heads (a fresh model:
     # InferenceState keeps the first one streaming)

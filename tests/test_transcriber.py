@@ -286,6 +286,44 @@ def test_lockstep_rows_each_hear_their_own_audio(tmp_path):
     assert heard[second] == alone
 
 
+def test_a_silence_prefix_is_heard_as_moshi_feeds_it(tmp_path):
+    """stt-2.6b-en's config asks for 1 s of silence before the audio, which moshi's
+    run_inference pads in: 12.5 frames, so its frames straddle the user's. The same checkpoint
+    asking for it: every frame's token equals moshi's on its padded audio, for two
+    conversations one after the other on the model (each starts with the silence again) - and
+    moshi's tokens with and without the prefix differ, so the prefix is what is matched."""
+    from conftest_stt import _speech_like
+    from moshi_stt_reference import clear_input, reference_transcribe
+
+    import personaplex_edge as pe
+
+    b = stt_bundle()
+    stt = tmp_path / "stt_prefix"
+    shutil.copytree(b.stt_checkpoint, stt)
+    config = {**b.stt_config, "stt_config": {**b.stt_config["stt_config"],
+                                             "audio_silence_prefix_seconds": 1.0}}
+    (stt / "config.json").write_text(json.dumps(config))
+    pcm, ref = clear_input(lambda x: reference_transcribe(stt, x, with_vad=False),
+                           _speech_like)
+    unprefixed = reference_transcribe(b.stt_checkpoint, pcm, with_vad=False)["text"]
+    assert len(ref["text"]) == FRAMES and not np.array_equal(ref["text"], unprefixed)
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(plain_model_dir(), model_dir)
+    assert main(["export", "--transcriber", str(stt), "--out", str(model_dir)]) == 0
+    model = pe.load(model_dir, device="cpu")
+    try:
+        for _ in range(2):
+            with model.conversation(persona=False, greedy=True) as conv:
+                heard = []
+                for at in range(0, FRAMES * 1920, 1920):
+                    conv.step(pcm[at:at + 1920])
+                    heard.append(conv.core.heard_token)
+            np.testing.assert_array_equal(heard, ref["text"])
+    finally:
+        model.close()
+
+
 def test_the_transcriber_in_its_own_precision(tmp_path, capsys):
     """--transcriber-precision int8: the step stored as int8 (MatMulNBits), its weights tied to
     the checkpoint by verify's spot check, and it runs: a record per input frame."""
