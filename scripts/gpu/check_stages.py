@@ -1,7 +1,7 @@
 """What the GPU checks (scripts/gpu/gpu_check.py, scripts/gpu/gpu_bare_check.py) share: the
 project importable from a bare checkout, an optional time budget, and fenced stages whose
 outcome - ok, FAILED with the reason, or skipped with the reason - is printed as it happens and
-kept for the JSON report. A GPU machine may be at hand for one run only, so one stage failing
+kept for the JSON report. A GPU machine may be available for one run only, so one stage failing
 must never hide the others.
 """
 
