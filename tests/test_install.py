@@ -1,11 +1,14 @@
-"""What pyproject.toml's extras install, and what the runtime says when onnxruntime is missing or
-installed twice over (runtime/backends/ort_install.py)."""
+"""What pyproject.toml's extras install and its wheel holds, and what the runtime says when
+onnxruntime is missing or installed twice over (runtime/backends/ort_install.py)."""
 
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -73,6 +76,36 @@ def test_the_trt_extras_bring_every_module_the_engine_build_imports():
             assert "onnxruntime" in names  # an RTX PC installs from this one line
         elif extra != "jetson":  # a Jetson's TensorRT is JetPack's
             assert wheels, extra
+
+
+def test_the_wheel_holds_every_module_and_every_file_the_runtime_reads(tmp_path):
+    """pyproject.toml lists the packages by hand and maps export/ and runtime/ under
+    personaplex_edge: a subpackage or a page file left out of it would import and serve from a
+    checkout and be missing for whoever installs the wheel. Built from a copy of the sources, so
+    the build leaves nothing in the tree."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        if (ROOT / name).exists():
+            shutil.copy(ROOT / name, src / name)
+    places = {"personaplex_edge": "personaplex_edge", "export": "personaplex_edge/export",
+              "runtime": "personaplex_edge/runtime"}
+    for folder in places:
+        shutil.copytree(ROOT / folder, src / folder,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                            "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"), str(src)],
+                           capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("personaplex_edge-*.whl")
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+
+    read_at_run_time = ["*.py", "py.typed", "data/*.wav", "serve/static/*", "assistant/*.service"]
+    wanted = {f"{places[folder]}/{path.relative_to(src / folder).as_posix()}"
+              for folder in places for pattern in read_at_run_time
+              for path in (src / folder).rglob(pattern) if "__pycache__" not in path.parts}
+    assert len(wanted) > 100 and "personaplex_edge/runtime/serve/static/index.html" in wanted
+    assert wanted - shipped == set()
 
 
 def test_install_script_probes_the_cpu_torch_index_with_a_short_timeout():
