@@ -6,6 +6,12 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("NO_TORCH_COMPILE", "1")
+# the suite runs as two xdist workers on two cores: libgomp's threads (torch's) spin between
+# parallel regions by default, and a spinning thread holds the core the other worker's threads
+# are waiting for - beside the full-width export the real-size Mimi test took 205 s instead of
+# 45 s. Set before torch is first imported (libgomp reads it once); the runtime's onnxruntime
+# sessions already turn their own spinning off (runtime/backends/ort.py).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import sys  # noqa: E402
 import tempfile  # noqa: E402
