@@ -220,9 +220,9 @@ def _transcribe(root: Path, pcm: np.ndarray, InferenceState, LMGen, with_vad: bo
     frames = pcm.shape[0] // mimi.frame_size
     state.run(torch.from_numpy(pcm[None, None, :frames * mimi.frame_size]).float())
     # the first step read the initial tokens only; then the silence prefix's whole frames
-    # (run_inference pads int(seconds x 24000) samples: the frame after them straddles the
+    # (run_inference pads int(seconds x rate) samples: the frame after them straddles the
     # audio's start, and is the first the runtime records)
-    skip = int(info.stt_config.get("audio_silence_prefix_seconds", 0.0) * 24000) \
+    skip = int(info.stt_config.get("audio_silence_prefix_seconds", 0.0) * mimi.sample_rate) \
         // mimi.frame_size
     text = np.array(tokens[1 + skip:1 + skip + frames])
     if skip or not with_vad:
