@@ -163,14 +163,18 @@ async def call(url: str, pcm24: np.ndarray, *, token: str | None = None,
                blackout: tuple[float, float] | None = None,
                send_at: tuple[tuple[float, dict], ...] = (),
                send_update: dict | None = None, hang_up: str = "close",
-               headers: dict | None = None, offer_filter=None) -> CallResult:
+               headers: dict | None = None, offer_filter=None,
+               first_audio: asyncio.Event | None = None,
+               stop: asyncio.Event | None = None) -> CallResult:
     """One call: offers an Opus track (and the `oai-events` channel, unless `channel` is
     False), posts the offer (application/sdp, or a multipart form with `session`), streams
     `pcm24` at real-time pace and then `tail_s` of silence, records every event and the
     answer's audio (decoded by libopus at 24 kHz), then hangs up (`close`: the peer connection
     closes; `delete`: DELETE on the call, then close; `vanish`: the client stops answering
     anything, as a peer whose network went away). `offer_filter(sdp) -> sdp` edits the offer;
-    `send_at`: (seconds after connecting, event) sent on the channel."""
+    `send_at`: (seconds after connecting, event) sent on the channel; `first_audio` is set when
+    the answer's first packet arrives; the call hangs up early once `stop` is set. A call the
+    server ends returns at once."""
     import aiohttp
     from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
     from aiortc.sdp import SessionDescription
@@ -205,8 +209,10 @@ async def call(url: str, pcm24: np.ndarray, *, token: str | None = None,
         n = decoder.decode(payload, buf)
         audio.append(buf[:n].copy())
         res.heard_at.append((time.perf_counter(), n))
+        if first_audio is not None:
+            first_audio.set()
 
-    connected = asyncio.Event()
+    connected, ended = asyncio.Event(), asyncio.Event()
     t0 = time.perf_counter()
 
     @pc.on("connectionstatechange")
@@ -214,6 +220,8 @@ async def call(url: str, pcm24: np.ndarray, *, token: str | None = None,
         if pc.connectionState == "connected":
             res.connected_s = time.perf_counter() - t0
             connected.set()
+        elif pc.connectionState in ("closed", "failed"):  # the server hung up
+            ended.set()
 
     with gathering_on(LOOPBACK):
         await pc.setLocalDescription(await pc.createOffer())
@@ -254,7 +262,8 @@ async def call(url: str, pcm24: np.ndarray, *, token: str | None = None,
             asyncio.get_running_loop().call_later(
                 delay, lambda e=event: opened.is_set() and dc.send(json.dumps(e)))
         deadline = time.perf_counter() + packets * PACKET / CALL_RATE + tail_s
-        while time.perf_counter() < deadline:
+        while time.perf_counter() < deadline and not ended.is_set() and \
+                not (stop is not None and stop.is_set()):
             await asyncio.sleep(0.05)
         if hang_up == "delete":
             async with http.delete(url.rstrip("/") + res.location, headers=hdrs) as r:

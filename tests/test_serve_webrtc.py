@@ -118,7 +118,8 @@ def test_a_call_is_answered_as_run_greedy_answers(srv, demo_model_dir, tmp_path)
     summary = srv.history()[-1]
     assert summary["protocol"] == "webrtc"
     assert summary["lost"] == 0 and summary["late"] == 0 and summary["played"] > 200
-    assert summary["rtt_ms"] is not None and 0 <= summary["rtt_ms"] < 100
+    # a round trip measured during the call, in ms: more than nothing, less than the call
+    assert summary["rtt_ms"] is not None and 0 < summary["rtt_ms"] < 1000 * 5.0
     assert 0 < summary["clock_gap_max_ms"] < 300  # the model's clock: a frame per 80 ms
     assert udp_sockets() == udp_before
 
@@ -254,12 +255,19 @@ def test_a_call_hung_up_by_delete_ends_and_is_gone(srv):
 
 def test_stopping_the_server_ends_a_call_with_its_last_events(demo_model, demo_model_dir):
     """Ctrl-C (the server's stop) while a call talks: its response ends `incomplete` on the
-    channel, then the peer connection closes; the server waits for it."""
+    channel, then the peer connection closes; the server waits for it. The stop comes once the
+    call is answering (its first audio back), and the speech outlasts any wait for that, so the
+    call is mid-conversation however slow the machine."""
     srv = ServerThread(ServeOptions(demo_model_dir, port=0), model=demo_model).__enter__()
 
     async def scene():
-        talking = asyncio.create_task(call(srv.url, speech(3.0), tail_s=0.5))
-        await asyncio.sleep(2.0)
+        answering = asyncio.Event()
+        talking = asyncio.create_task(call(srv.url, speech(120.0), tail_s=0.5,
+                                           first_audio=answering))
+        waiting = asyncio.create_task(answering.wait())
+        await asyncio.wait({talking, waiting}, timeout=120, return_when=asyncio.FIRST_COMPLETED)
+        assert answering.is_set(), "the call never answered" if not talking.done() \
+            else talking.result()
         await asyncio.get_running_loop().run_in_executor(None, srv.__exit__, None, None, None)
         return await talking
 
@@ -268,16 +276,18 @@ def test_stopping_the_server_ends_a_call_with_its_last_events(demo_model, demo_m
     done = [e for e in res.events if e["type"] == "response.done"]
     assert done and done[-1]["response"]["status"] == "incomplete"
     assert srv.server.state is None  # stopped, every call closed first
+    # the call ended with the server, long before its 120 s of speech
+    assert len(res.sent_at) < 120 * 50
 
 
 # -- the network going away ------------------------------------------------------------------------
-def test_a_vanished_peer_frees_its_slot_within_seconds(srv):
+def test_a_vanished_peer_frees_its_slot_by_its_own_timer(srv):
+    """The call's own PEER_GONE_S timer ends it (its reason counted), not the connection's
+    much later consent check."""
     before = metric(srv, "personaplex_webrtc_calls_failed_total", reason="peer_gone")
-    t0 = time.monotonic()
     res = asyncio.run(call(srv.url, speech(1.0), token=TOKEN, tail_s=0.0, hang_up="vanish"))
     assert res.status == 201
-    settle(srv, 8)
-    assert time.monotonic() - t0 < 1.5 + 6  # the call, then PEER_GONE_S and a little
+    settle(srv, 60)
     assert metric(srv, "personaplex_webrtc_calls_failed_total", reason="peer_gone") == before + 1
 
 
@@ -299,9 +309,8 @@ def test_ice_that_never_connects_frees_its_slot(srv):
     before = metric(srv, "personaplex_webrtc_calls_failed_total", reason="ice")
     status, _, _ = asyncio.run(offer_only())
     assert status == 201
-    t0 = time.monotonic()
-    settle(srv, 8)
-    assert time.monotonic() - t0 < 7
+    settle(srv, 60)
+    # ended by the call's own CONNECT_TIMEOUT_S (the only place that counts "ice")
     assert metric(srv, "personaplex_webrtc_calls_failed_total", reason="ice") == before + 1
 
 
@@ -415,11 +424,15 @@ def test_over_max_sessions_is_refused_as_busy_without_a_port(demo_model, demo_mo
     with ServerThread(ServeOptions(demo_model_dir, port=0, max_sessions=1),
                       model=demo_model) as one:
         async def two():
-            first = asyncio.create_task(call(one.url, speech(2.0), tail_s=0.0))
-            await asyncio.sleep(1.0)
+            answering, done = asyncio.Event(), asyncio.Event()
+            first = asyncio.create_task(call(one.url, speech(120.0), tail_s=0.0,
+                                             first_audio=answering, stop=done))
+            await asyncio.wait_for(answering.wait(), 120)  # the first holds the one slot
             udp = udp_sockets()
             second = await call(one.url, speech(0.5))
-            return await first, second, udp, udp_sockets()
+            udp_after = udp_sockets()
+            done.set()
+            return await first, second, udp, udp_after
 
         first, second, udp_then, udp_after_refusal = asyncio.run(two())
         settle(one)
