@@ -141,7 +141,9 @@ def test_no_sampling_value_is_a_shape_a_graph_where_one_is_is_refused(tiny_fp32,
 
 def test_what_tensorrt_cannot_parse_or_build_fails_with_its_own_message(tiny_fp32, tmp_path):
     """The parser's words for an op it does not know, the builder's for a GPU generation a
-    graph cannot run on (Turing has no float32 matrix products in TensorRT for RTX)."""
+    graph cannot run on: Turing has no float32 matrix products in TensorRT for RTX, which is
+    why --targets 7.5 is refused before any build (the next test) - should a release build
+    them, this fails and the refusal is to be looked at again."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -157,12 +159,45 @@ def test_what_tensorrt_cannot_parse_or_build_fails_with_its_own_message(tiny_fp3
     with pytest.raises(EngineBuildError, match="cannot parse unknown.onnx:\n.*NoSuchOp"):
         build_engine(bad, tmp_path / "u.engine", "fp32", _setup(["fp32"]),
                      progress=lambda s: None)
-    turing = BuildSetup(load_library(RTX), ("7.5",))
-    with pytest.raises(EngineBuildError, match="could not build an engine for "
-                                               "depformer_step.onnx:\n.*(SM75|Turing)"):
+    turing = BuildSetup(load_library(RTX), ("7.5",))  # past build_targets, which refuses it
+    with pytest.raises(EngineBuildError, match="could not build an engine for depformer_step"
+                                               ".onnx:\n.*Turing \\(SM75\\): FP32 GEMM is "
+                                               "not supported"):
         build_engine(tiny_fp32 / "depformer_step.onnx", tmp_path / "d.engine", "fp32", turing,
                      progress=lambda s: None)
     assert not list(tmp_path.glob("*.engine")) and not list(tmp_path.glob(".*partial"))
+
+
+def test_turing_is_refused_before_any_build_naming_why_and_what_builds(tiny_fp32, tmp_path,
+                                                                        capsys):
+    """--targets 7.5 (alone or beside others) on `engines` and on `export --backend tensorrt`:
+    one line, exit 2, before a graph is built (the export's before its checkpoint is even
+    looked at): Turing has no float32 matrix products in TensorRT for RTX and every graph has
+    some (the test above shows the builder's own words), so it names the targets that build
+    and mainline TensorRT for the card. Nothing is written."""
+    from personaplex_edge.cli import main
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_fp32, model)
+    before = {p.name: p.read_bytes() for p in model.iterdir()}
+    for targets, fix in (("7.5", "build for 8.6, 8.9, 12.0 (RTX 30, 40, 50: the default)"),
+                         ("7.5,8.6", "leave 7.5 out (--targets 8.6)")):
+        assert main(["engines", "--model", str(model), "--library", "rtx", "--targets",
+                     targets]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("personaplex-edge: error: --targets 7.5: TensorRT for RTX has no "
+                              "float32 matrix products on Turing"), err
+        assert fix in err and "mainline TensorRT (--library tensorrt" in err, err
+        assert err.count("\n") == 1 and "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in model.iterdir()} == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no stage left
+
+    out = tmp_path / "exported"
+    assert main(["export", "--checkpoint", str(tmp_path / "no-such-checkpoint"), "--out",
+                 str(out), "--backend", "tensorrt", "--library", "rtx", "--targets", "7.5"]) == 2
+    err = capsys.readouterr().err
+    assert "--targets 7.5: TensorRT for RTX has no float32 matrix products" in err, err
+    assert not out.exists()
 
 
 def test_a_user_exports_and_builds_rtx_engines_from_the_command_line(tiny_fp32, tmp_path,

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from personaplex_edge.errors import PersonaPlexError
 from personaplex_edge.manifest import load_model_dir, write_manifest
 
 
@@ -114,6 +115,45 @@ def test_simulated_gpu_engines_are_built_at_each_graph_own_precision(tiny_fp32, 
     assert tf32 == [False, False, True, True]  # in manifest order: the codec first
 
 
+def test_simulated_t4_bf16_is_refused_before_a_build_and_fp16_builds(tiny_fp32, tmp_path,
+                                                                     monkeypatch, capsys):
+    """Mainline TensorRT on a T4 (Turing, 7.5, which has no bf16): a bf16 model's engines are
+    refused before anything is built, by `engines` and on first use alike, naming the GPU's
+    compute capability and the fix; an fp16 model's build there."""
+    import fake_gpu
+    from dir_state import tree_state
+
+    from personaplex_edge.cli import main
+    from personaplex_edge.export.precision import convert_model_dir
+    from personaplex_edge.runtime.backends import load_graphs
+
+    monkeypatch.setenv("PERSONAPLEX_CACHE", str(tmp_path / "cache"))
+    t4 = fake_gpu.FakeCuda("Tesla T4", 15 << 30, "7.5")
+    bf16 = tmp_path / "bf16"
+    convert_model_dir(tiny_fp32, bf16, "bf16", backend="tensorrt", progress=lambda s: None)
+    fake_gpu.patch(monkeypatch, bf16, t4)
+    trt = sys.modules["tensorrt"]
+    before = tree_state(bf16)
+    assert main(["engines", "--model", str(bf16)]) == 2
+    err = capsys.readouterr().err
+    assert "bf16 needs compute capability 8.0 or newer; this GPU is 7.5: export another " \
+           "precision" in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    with pytest.raises(PersonaPlexError, match="bf16 needs compute capability 8.0 or newer; "
+                                               "this GPU is 7.5"):
+        load_graphs(bf16, load_model_dir(bf16), ["helium_step"], "cuda")
+    assert trt.builds == [] and tree_state(bf16) == before
+    assert not (tmp_path / "cache" / "engines").exists()
+
+    fp16 = tmp_path / "fp16"
+    convert_model_dir(tiny_fp32, fp16, "fp16", backend="tensorrt", progress=lambda s: None)
+    fake_gpu.patch(monkeypatch, fp16, t4)
+    assert main(["engines", "--model", str(fp16), "--graphs", "helium_step"]) == 0
+    assert [Path(n.onnx_path).name for n, _ in sys.modules["tensorrt"].builds] == [
+        "helium_step.onnx"]
+    assert load_model_dir(fp16).graphs["helium_step"].engine["compute_capability"] == "7.5"
+
+
 def test_engine_size_tells_kept_from_folded_weights():
     from personaplex_edge.runtime.backends.trt_build import WeightBytes, weights_verdict
 
@@ -157,7 +197,6 @@ def test_simulated_gpu_failed_rebuild_leaves_the_old_engines_and_manifest(simula
     """Host-side plumbing: `rebuild_engines` builds in a staging copy; a build that fails on
     the second graph leaves every file of the model directory as it was and no staging
     directory; a build that succeeds replaces the engines and the manifest in one rename."""
-    from personaplex_edge.errors import PersonaPlexError
     from personaplex_edge.runtime.backends.trt_build import rebuild_engines
 
     model, _ = simulated

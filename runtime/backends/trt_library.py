@@ -20,8 +20,12 @@
 Everything else - the ONNX parser, strongly typed networks, optimization profiles, tensor
 addresses, execute_async_v3 - is one API, so trt_build.py and trt.py are written once over a
 `Library`. Weight formats need GPUs of their generation: TensorRT for RTX compiles int8 and int4
-weights for 8.6 and newer, fp8 for 8.9 and newer, bf16 for 8.0 and newer (Turing, 7.5, runs
-fp16 only); mainline TensorRT's fp8 needs 8.9 too (Ada, Hopper).
+weights for 8.6 and newer, fp8 for 8.9 and newer, bf16 for 8.0 and newer; mainline TensorRT's
+bf16 needs 8.0 too (a T4, 7.5, has none) and its fp8 8.9 (Ada, Hopper). Turing (7.5) is no
+target of TensorRT for RTX here at all: it has no float32 matrix products there ("FP32 GEMM is
+not supported"), and every graph of these models has some - the codec is float32 in every
+precision, and Helium and the depformer keep float32 products beside their fp16 ones (measured
+with 1.7: no graph of any precision builds for SM75).
 """
 
 from __future__ import annotations
@@ -50,14 +54,15 @@ INSTALL = {
               "with --system-site-packages and 'personaplex-edge[jetson]')",
 }
 
-# TensorRT for RTX's build targets: compute capability -> trt.ComputeCapability member
-RTX_TARGETS = {"7.5": "SM75", "8.0": "SM80", "8.6": "SM86", "8.9": "SM89", "12.0": "SM120",
-               "12.1": "SM121"}
-# NVIDIA's portable set (RTX 30, 40 and 50); Turing and DGX Spark when named
+# TensorRT for RTX's build targets for these models: compute capability -> trt.ComputeCapability
+# member (Turing, which the library knows, is not one: TURING)
+RTX_TARGETS = {"8.0": "SM80", "8.6": "SM86", "8.9": "SM89", "12.0": "SM120", "12.1": "SM121"}
+# NVIDIA's portable set (RTX 30, 40 and 50); 8.0 and DGX Spark when named
 DEFAULT_RTX_TARGETS = ("8.6", "8.9", "12.0")
+TURING = "7.5"  # RTX 20 and T4: no float32 matrix products in TensorRT for RTX (docstring)
 # the oldest GPU generation whose kernels hold a weight format (module docstring)
 RTX_MIN_CC = {"bf16": "8.0", "int8": "8.6", "int4": "8.6", "fp8": "8.9"}
-MAINLINE_MIN_CC = {"fp8": "8.9"}
+MAINLINE_MIN_CC = {"bf16": "8.0", "fp8": "8.9"}
 
 
 class TensorRTMissing(PersonaPlexError):
@@ -100,8 +105,9 @@ class Library:
             return
         config.num_compute_capabilities = len(targets)
         for i, cc in enumerate(targets):
-            config.set_compute_capability(getattr(self.trt.ComputeCapability, RTX_TARGETS[cc]),
-                                          i)
+            # by the library's own name (SM75 too: a test shows the builder's word on Turing)
+            member = RTX_TARGETS.get(cc) or "SM" + cc.replace(".", "")
+            config.set_compute_capability(getattr(self.trt.ComputeCapability, member), i)
 
     @property
     def timing_cache(self) -> bool:
@@ -172,6 +178,9 @@ def build_targets(lib: Library, precisions, asked: tuple[str, ...] | None = None
     if not lib.rtx:
         raise PersonaPlexError("mainline TensorRT builds engines on the GPU they are for")
     if asked:
+        if TURING in asked:
+            raise PersonaPlexError(turing_refusal(f"--targets {TURING}",
+                                                  [cc for cc in asked if cc != TURING]))
         unknown = [cc for cc in asked if cc not in RTX_TARGETS]
         if unknown:
             raise PersonaPlexError(f"--targets {','.join(unknown)}: TensorRT for RTX builds for "
@@ -180,6 +189,24 @@ def build_targets(lib: Library, precisions, asked: tuple[str, ...] | None = None
         return tuple(dict.fromkeys(asked))
     floor = max((cc_tuple(table[p]) for p in precisions if p in table), default=(0, 0))
     return tuple(cc for cc in DEFAULT_RTX_TARGETS if cc_tuple(cc) >= floor)
+
+
+def turing_refusal(what: str, others: list[str] | None = None) -> str:
+    """Why TensorRT for RTX builds nothing of these models for Turing (module docstring), and
+    what works instead. `what`: the request refused; `others`: the other --targets it named
+    (None: a Turing card asked to run them)."""
+    if others is None:
+        build = ""
+    elif others:
+        build = f"leave {TURING} out (--targets {','.join(others)}); "
+    else:
+        build = (f"build for {', '.join(DEFAULT_RTX_TARGETS)} (RTX 30, 40, 50: the default) or "
+                 f"{', '.join(cc for cc in RTX_TARGETS if cc not in DEFAULT_RTX_TARGETS)}; ")
+    return (f"{what}: TensorRT for RTX has no float32 matrix products on Turing (RTX 20, "
+            f"compute capability {TURING}), and every graph of these models has some (the "
+            f"codec is float32 in every precision): {build}on a Turing card use mainline "
+            "TensorRT (--library tensorrt, engines built on that card) or a model exported "
+            "with --backend onnx")
 
 
 def _refuse_below(precisions: set[str], targets, table: dict[str, str], where: str) -> None:
@@ -276,7 +303,10 @@ class RuntimeCache:
 
 
 def unsupported_gpu(lib: Library, compute_capability: str, device_name: str) -> None:
-    """Refuses a GPU TensorRT for RTX does not run on (Hopper 9.0, Orin 8.7, Volta ...)."""
+    """Refuses a GPU TensorRT for RTX does not run these models on (Hopper 9.0, Orin 8.7,
+    Volta ...; Turing 7.5: module docstring)."""
+    if lib.rtx and compute_capability == TURING:
+        raise ModelDirError(turing_refusal(f"this {device_name}"))
     if lib.rtx and compute_capability not in RTX_TARGETS:
         raise ModelDirError(f"TensorRT for RTX does not run on {device_name} (compute "
                             f"capability {compute_capability}): use mainline TensorRT there, "
