@@ -39,6 +39,31 @@ def start_serve(model_dir, *flags, env=None) -> tuple[subprocess.Popen, str]:
     raise AssertionError("serve did not print its URL:\n" + "".join(lines))
 
 
+async def metrics(url: str) -> dict[str, float]:
+    """The server's unlabelled Prometheus samples, by name."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http:
+        text = await (await http.get(url + "metrics")).text()
+    return {m.group(1): float(m.group(2))
+            for m in re.finditer(r"^(\w+) (\S+)$", text, re.MULTILINE)}
+
+
+async def until_in_conversation(url: str, sessions: int, frames: int,
+                                timeout: float = 120.0) -> dict[str, float]:
+    """Once `sessions` sessions are open and `frames` frames answered in all (the server's own
+    counts): -> its metrics; AssertionError with them after `timeout` s."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        m = await metrics(url)
+        if (m.get("personaplex_sessions_opened_total", 0) >= sessions
+                and m.get("personaplex_frames_total", 0) >= frames):
+            return m
+        assert loop.time() < deadline, f"not in conversation after {timeout} s: {m}"
+        await asyncio.sleep(0.1)
+
+
 def test_ctrl_c_closes_every_session_and_exits_0(demo_model_dir):
     """Two /api/chat sessions hear ERROR and 1001; a /v1/realtime one hears its response's
     done events (status incomplete), then 1001."""
@@ -51,13 +76,13 @@ def test_ctrl_c_closes_every_session_and_exits_0(demo_model_dir):
             clients = [asyncio.create_task(talk(url, pages, tail_s=5)) for _ in range(2)]
             clients.append(asyncio.create_task(talk_realtime(url, pcm, session={}, tail_s=5,
                                                              keep=True)))
-            await asyncio.sleep(2.0)  # all are in conversation by now (asserted below)
+            # all three open and ~2 s of their speech answered (25 frames each), however long
+            # a busy machine takes to get there
+            await until_in_conversation(url, sessions=3, frames=3 * 25)
             proc.send_signal(signal.SIGINT)
-            t0 = time.monotonic()
-            results = await asyncio.gather(*clients)
-            return results, time.monotonic() - t0
+            return await asyncio.gather(*clients)
 
-        (*chats, realtime), closed_s = asyncio.run(scene())
+        *chats, realtime = asyncio.run(scene())
         rc = proc.wait(timeout=20)
         out = proc.stdout.read()
     finally:
@@ -73,7 +98,9 @@ def test_ctrl_c_closes_every_session_and_exits_0(demo_model_dir):
     assert kinds[-1] == "response.done" and "error" not in kinds
     assert realtime.events[-1]["response"]["status"] == "incomplete"
     assert realtime.close_code == 1001
-    assert closed_s < 5
+    # (closed by the stop itself: each client heard its last words and 1001, which the server
+    # sends only from a session's own end - one still open at the stop's DRAIN_SECONDS
+    # deadline is cut by the runner's cleanup instead; and each was cut short, above)
     assert "stopping: closing 3 sessions" in out and out.rstrip().endswith("stopped")
     assert out.count("ended: the server is shutting down") == 3
 
