@@ -84,6 +84,11 @@ def test_moshis_own_client(demo_model_dir, tmp_path, monkeypatch):
     frames = len(opus_round_trip(opus_pages(pcm))) // FRAME
     options = ServeOptions(demo_model_dir, port=0, sampling=SamplingParams(greedy=True),
                            max_backlog=100_000)
+    expected = reference_text(demo_model_dir, opus_round_trip(opus_pages(pcm)), tmp_path,
+                              "--greedy")
+
+    def audible() -> int:  # the blocks moshi's client played with our audio in them
+        return sum(float(np.abs(p).sum()) > 0 for p in list(device.played))
 
     with ServerThread(options) as srv:
         async def drive():
@@ -95,25 +100,27 @@ def test_moshis_own_client(demo_model_dir, tmp_path, monkeypatch):
                     running = asyncio.create_task(conn.run())
                     await asyncio.get_running_loop().run_in_executor(
                         None, device.input_done.wait, 30)
-                    deadline = time.monotonic() + 10
+                    deadline = time.monotonic() + 60
                     while time.monotonic() < deadline and not any(
                             s.frames_answered >= frames for s in list(srv.state.sessions)):
                         await asyncio.sleep(0.02)
-                    await asyncio.sleep(0.3)  # the last answers' messages on their way
+                    # the last answers' messages have reached moshi's client: the whole text
+                    # printed, the audio played (asserted below; waited for here)
+                    while time.monotonic() < deadline and not (
+                            printed.getvalue() == expected and audible() > frames // 2):
+                        await asyncio.sleep(0.02)
                     await ws.close()
                     await running
         asyncio.run(drive())
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 60
         while not srv.history() and time.monotonic() < deadline:
             time.sleep(0.02)
         session = srv.history()[0]
 
-    expected = reference_text(demo_model_dir, opus_round_trip(opus_pages(pcm)), tmp_path,
-                             "--greedy")
     assert session["frames"] == frames and session["dropped"] == 0
     assert len(expected) > 5 and printed.getvalue() == expected
     # moshi's client decoded our Opus into frames it played
-    assert sum(float(np.abs(p).sum()) > 0 for p in device.played) > frames // 2
+    assert audible() > frames // 2
     # it got the handshake (and, not using it, says so), and never lost the connection
     assert "unknown message kind 0" in logged.getvalue()
     assert "Lost connection" not in logged.getvalue()
