@@ -200,6 +200,50 @@ def test_turing_is_refused_before_any_build_naming_why_and_what_builds(tiny_fp32
     assert not out.exists()
 
 
+def test_auto_on_a_machine_without_a_gpu_builds_with_rtx_though_mainline_is_installed(
+        tiny_fp32, tmp_path, capsys, monkeypatch):
+    """Both libraries importable (mainline TensorRT the simulated one: its PyPI libraries are
+    stubs here), no GPU cuda-python can use (it says what this machine's says: the driver is
+    insufficient): --library auto builds with TensorRT for RTX - mainline TensorRT builds only
+    on the GPU it builds for - and says why; --library tensorrt is one message naming
+    --library rtx; with mainline TensorRT alone, auto's refusal names --library rtx and its
+    install line. Nothing is written by a refusal."""
+    import fake_gpu
+
+    from personaplex_edge.cli import main
+    from personaplex_edge.runtime.backends import cuda_runtime
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_fp32, model)
+    gpuless = fake_gpu.FakeCuda()
+    gpuless.cudaGetDeviceCount = lambda: (gpuless.cudaError_t.cudaErrorInsufficientDriver, 0)
+    monkeypatch.setattr(cuda_runtime, "cudart", lambda: gpuless)
+    mainline = fake_gpu.fake_tensorrt(gpuless, model)
+    monkeypatch.setitem(sys.modules, "tensorrt", mainline)
+    assert main(["engines", "--model", str(model), "--graphs", "helium_step"]) == 0
+    out = capsys.readouterr().out
+    assert ("--library auto took TensorRT for RTX: mainline TensorRT is installed too, but it "
+            "builds only on the GPU it builds for, and this machine has none it can use") in out
+    _check_engines(model, ["helium_step"], ("8.6", "8.9", "12.0"))
+    assert mainline.builds == []
+
+    before = {p.name: p.read_bytes() for p in model.iterdir()}
+    refusals = ((["--library", "tensorrt"], {}),
+                ([], {"tensorrt_rtx": None}))  # mainline TensorRT alone
+    for flags, modules in refusals:
+        with monkeypatch.context() as m:
+            for name, module in modules.items():
+                m.setitem(sys.modules, name, module)
+            assert main(["engines", "--model", str(model), *flags]) == 2
+        err = capsys.readouterr().err
+        assert f"TensorRT {mainline.__version__} builds engines only on the GPU they are for, " \
+               "and this machine has none it can use (cudaGetDeviceCount failed" in err, err
+        assert "Build portable engines for RTX GPUs here with --library rtx (pip install " \
+               "'personaplex-edge[rtx]'" in err, err
+        assert err.count("\n") == 1 and "Traceback" not in err
+    assert mainline.builds == [] and {p.name: p.read_bytes() for p in model.iterdir()} == before
+
+
 def test_a_user_exports_and_builds_rtx_engines_from_the_command_line(tiny_fp32, tmp_path,
                                                                      capsys, monkeypatch):
     """With TensorRT for RTX the only TensorRT: `export --backend tensorrt --batch 2` builds

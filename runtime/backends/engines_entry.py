@@ -22,11 +22,13 @@ def add_build_flags(p) -> None:
                    default="auto",
                    help="which TensorRT builds the engines: tensorrt (mainline: for this "
                         "machine's GPU), rtx (TensorRT for RTX: portable RTX engines, no GPU "
-                        "needed to build), auto (mainline where installed, else rtx)")
+                        "needed to build), auto (mainline where installed and this machine "
+                        "has a GPU, else rtx; rtx with --targets)")
     p.add_argument("--targets", metavar="CC,CC",
                    help="with TensorRT for RTX: the compute capabilities to build for, of "
                         f"{', '.join(RTX_TARGETS)} (default: 8.6, 8.9 and 12.0 - RTX 30, 40, "
-                        "50 - less those the precision needs newer for: fp8 8.9+)")
+                        "50 - less those the precision needs newer for: fp8 8.9+; not 7.5: "
+                        "Turing has no float32 matrix products there)")
     p.add_argument("--weightless", action="store_true",
                    help="engines without their weights, refit from the model's ONNX graphs "
                         "when loaded: a published model then carries its weights once, not "
@@ -86,5 +88,5 @@ def export_builder(args, precisions: list[str]):
     from .trt_build import build_engines, build_setup
 
     setup = build_setup(precisions, args.library, targets(args), args.weightless)
-    print(f"engines will be built with {setup.describe()}")
+    print(setup.announce())
     return functools.partial(build_engines, setup=setup)

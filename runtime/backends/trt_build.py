@@ -93,6 +93,7 @@ class BuildSetup:
     targets: tuple[str, ...]
     device: object | None = None  # cuda_runtime.DeviceInfo, mainline only
     weightless: bool = False  # engines without their weights, refit from the graphs on load
+    chosen: str = ""  # why --library auto took this library, where that is news to the user
 
     def describe(self) -> str:
         kind = "weightless engines, " if self.weightless else ""
@@ -102,6 +103,11 @@ class BuildSetup:
         d = self.device
         return (f"{kind}{d.name} (sm {d.compute_capability}, {d.total_memory / 2**30:.0f} GiB), "
                 f"{self.lib.title}")
+
+    def announce(self) -> str:
+        """What the engines will be built with, and why, where --library auto chose."""
+        return (f"engines will be built with {self.describe()}"
+                + (f" ({self.chosen})" if self.chosen else ""))
 
 
 def build_setup(precisions: Iterable[str] = (), library: str | None = None,
@@ -114,19 +120,55 @@ def build_setup(precisions: Iterable[str] = (), library: str | None = None,
     library = library or "auto"
     if library not in CHOICES:
         raise EngineBuildError(f"--library {library}: choose one of {', '.join(CHOICES)}")
-    lib = load_library(CHOICES[library])
-    _onnx()
     asked = tuple(targets) if targets else None
+    lib, info, chosen = _choose_library(CHOICES[library], asked)
+    _onnx()
     if lib.rtx:
-        setup = BuildSetup(lib, build_targets(lib, precisions, asked), weightless=weightless)
+        setup = BuildSetup(lib, build_targets(lib, precisions, asked), weightless=weightless,
+                           chosen=chosen)
         if weightless:
             _gpu_for_weightless(lib)
         return setup
-    if asked:  # refused before the GPU is looked for
-        build_targets(lib, precisions, asked)
-    info = _device()
     return BuildSetup(lib, build_targets(lib, precisions, gpu_cc=info.compute_capability), info,
-                      weightless)
+                      weightless, chosen)
+
+
+def _choose_library(name: str | None, asked: tuple[str, ...] | None):
+    """(library, this GPU for mainline TensorRT, why auto chose it) for --library `name`
+    (None: auto). Mainline TensorRT builds only on the GPU it builds for; TensorRT for RTX
+    builds anywhere, and alone knows --targets. So auto takes mainline TensorRT where it is
+    installed and this machine has a GPU it can use, and TensorRT for RTX otherwise - where it
+    is installed; where it is not, the refusal names it."""
+    from .cuda_runtime import CudaError
+    from .trt_library import MAINLINE, TensorRTMissing
+
+    if name == RTX or (name is None and asked):
+        return load_library(RTX), None, ""  # TensorRTMissing names its install line
+    try:
+        mainline = load_library(MAINLINE)
+    except TensorRTMissing:
+        if name == MAINLINE:
+            raise
+        return load_library(None), None, ""  # TensorRT for RTX, or both install lines
+    if asked:  # --library tensorrt --targets: refused before the GPU is looked for
+        build_targets(mainline, (), asked)
+    try:
+        return mainline, _device(), ""
+    except CudaError as e:
+        no_gpu = e
+    if name is None:
+        try:
+            rtx = load_library(RTX)
+        except TensorRTMissing:
+            pass
+        else:
+            return rtx, None, ("--library auto took TensorRT for RTX: mainline TensorRT is "
+                               "installed too, but it builds only on the GPU it builds for, "
+                               "and this machine has none it can use")
+    raise EngineBuildError(
+        f"{mainline.title} builds engines only on the GPU they are for, and this machine has "
+        f"none it can use ({no_gpu}). Build portable engines for RTX GPUs here with --library "
+        f"rtx ({INSTALL[RTX]}), or build on the machine of the GPU") from None
 
 
 def _gpu_for_weightless(lib: Library) -> None:
@@ -543,6 +585,8 @@ def rebuild_engines(model_dir: str | Path, graphs: list[str] | None = None,
             f"{asked} to build engines for this machine's GPU into the per-user cache")
     setup = build_setup([manifest.graphs[n].precision for n in names], library, targets,
                         weightless)
+    if setup.chosen:
+        progress(setup.announce())
     if read_only:
         from .cuda_runtime import CudaError
 
