@@ -238,7 +238,11 @@ def test_v1_realtime_refuses_text_past_the_limit_and_the_session_goes_on(greedy_
                               {"type": "response.create"}, item("more"),
                               {"type": "response.create"}):
                     await ws.send_json(event)
-                await asyncio.sleep(0.5)  # the refusal comes from the tick thread
+                # the refusal comes from the tick thread: the audio goes after it
+                deadline = time.monotonic() + 60
+                while (not any(e["type"] == "error" and e["error"]["code"] == "say_refused"
+                               for e in events) and time.monotonic() < deadline):
+                    await asyncio.sleep(0.01)
                 await ws.send_json({"type": "input_audio_buffer.append",
                                     "audio": base64.b64encode(pcm16_bytes(speech(1.0))).decode()})
                 deadline = time.monotonic() + 30
