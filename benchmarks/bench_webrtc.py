@@ -49,6 +49,7 @@ class CallResult:
     status: int | None = None  # the POST's status
     error: str = ""  # the POST's body when it was refused
     location: str | None = None
+    headers: dict = field(default_factory=dict)  # the POST's answer's
     answer_sdp: str = ""
     events: list[dict] = field(default_factory=list)  # every data channel event, in order
     audio: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # 24 kHz
@@ -244,6 +245,7 @@ async def call(url: str, pcm24: np.ndarray, *, token: str | None = None,
             res.status = r.status
             body = await r.text()
             res.location = r.headers.get("Location")
+            res.headers = dict(r.headers)
         if res.status != 201:
             res.error = body
             await pc.close()

@@ -202,3 +202,92 @@ def test_the_page_talks_over_webrtc(demo_model_dir, tmp_path):
     assert page["latencyMs"] is not None and 0 <= page["latencyMs"] < 100  # RTT on loopback
     assert r["summary"]["protocol"] == "webrtc"
     assert r["freed_s"] < 2.0 and r["slots_used"] == 0
+
+
+# OpenAI's browser quick-start up to its POST: what the page reads of the answer to its offer
+REFUSED_CALL = """
+(async () => {
+  const pc = new RTCPeerConnection();
+  const ms = await navigator.mediaDevices.getUserMedia({ audio: true });
+  pc.addTrack(ms.getTracks()[0]);
+  pc.createDataChannel("oai-events");
+  const offer = await pc.createOffer();
+  await pc.setLocalDescription(offer);
+  pc.close();
+  try {
+    const sdpResponse = await fetch(%(url)s, {
+      method: "POST", body: offer.sdp,
+      headers: { Authorization: `Bearer ${%(key)s}`, "Content-Type": "application/sdp" },
+    });
+    return { status: sdpResponse.status, body: await sdpResponse.json() };
+  } catch (e) {
+    return { failed: String(e) };
+  }
+})()
+"""
+
+
+def test_a_page_reads_why_its_call_was_refused(demo_model, demo_model_dir):
+    """OpenAI's browser quick-start on an app's own origin (allowed by --allowed-origins)
+    posting its offer with a key the server refuses - unknown, expired, not the token - or
+    while every slot is taken: the page reads the status and OpenAI's JSON error (so it can
+    ask its backend for a new key), not just "Failed to fetch". From an origin that is not
+    allowed it reads nothing, as the browser means it to."""
+    pytest.importorskip("aiortc", reason="the webrtc extra (scripts/install.sh installs it)")
+    import aiohttp
+    from aiohttp import web
+
+    async def scene():
+        async def app_page(request):
+            return web.Response(text="<title>app</title>", content_type="text/html")
+
+        app = web.Application()  # the app's own origin, where its page comes from
+        app.router.add_get("/", app_page)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        page_origin = f"http://127.0.0.1:{port}"
+        loop = asyncio.get_running_loop()
+        srv = await loop.run_in_executor(None, ServerThread(ServeOptions(
+            demo_model_dir, port=0, max_sessions=1, auth_token="tok",
+            allowed_origins=(page_origin,)), model=demo_model).__enter__)
+        try:
+            async with aiohttp.ClientSession() as http:  # the app's backend
+                async with http.post(srv.url + "v1/realtime/client_secrets", json={
+                        "expires_after": {"anchor": "created_at", "seconds": 10}},
+                        headers={"Authorization": "Bearer tok"}) as r:
+                    late = (await r.json())["value"]
+            srv.state.client_keys._clock = lambda: time.time() + 11  # ten seconds on
+            url = json.dumps(srv.url + "v1/realtime/calls?model=gpt-realtime")
+            out = {}
+            async with Chromium(fake_audio=HELLO) as browser:
+                page = await browser.page()
+                await page.goto(page_origin + "/")
+                for name, key in (("unknown", "ek_never_issued"), ("expired", late),
+                                  ("token", "not-the-token")):
+                    out[name] = await page.evaluate(REFUSED_CALL % {"url": url,
+                                                                    "key": json.dumps(key)})
+                # every slot taken (a WebSocket session holds the one)
+                async with aiohttp.ClientSession() as http:
+                    async with http.ws_connect(srv.url + "v1/realtime?token=tok") as ws:
+                        await ws.receive()  # session.created: the slot is held
+                        out["busy"] = await page.evaluate(REFUSED_CALL % {
+                            "url": url, "key": json.dumps("tok")})
+                await page.goto(f"http://localhost:{port}/")  # an origin not allowed
+                out["elsewhere"] = await page.evaluate(REFUSED_CALL % {
+                    "url": url, "key": json.dumps("tok")})
+            return out
+        finally:
+            await loop.run_in_executor(None, srv.__exit__, None, None, None)
+            await runner.cleanup()
+
+    out = asyncio.run(scene())
+    for name in ("unknown", "expired", "token"):
+        assert out[name].get("status") == 401, (name, out[name])
+        assert out[name]["body"]["error"]["code"] == "invalid_api_key"
+    assert "client_secrets" in out["expired"]["body"]["error"]["message"]
+    assert out["busy"]["status"] == 429
+    assert out["busy"]["body"]["error"]["message"] == "busy: 1 of 1 sessions"
+    assert "Failed to fetch" in out["elsewhere"]["failed"]

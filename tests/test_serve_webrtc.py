@@ -92,6 +92,10 @@ def test_a_call_is_answered_as_run_greedy_answers(srv, demo_model_dir, tmp_path)
     assert res.status == 201, res.error
     assert res.location.startswith("/v1/realtime/calls/rtc_")
     assert "a=candidate" in res.answer_sdp and "127.0.0.1" in res.answer_sdp
+    # the answer's audio is Opus alone: a peer cannot switch to a codec the server never hears
+    from aiortc.sdp import SessionDescription
+    [audio] = [m for m in SessionDescription.parse(res.answer_sdp).media if m.kind == "audio"]
+    assert [(c.name, c.clockRate, c.channels) for c in audio.rtp.codecs] == [("opus", 48000, 2)]
     adapter = TypeAdapter(RealtimeServerEvent)
     for event in res.events:
         adapter.validate_python(event)
@@ -367,6 +371,83 @@ def test_the_checks_of_the_websocket_guard_calls(srv):
     assert srv.state.slots_used == 0
 
 
+def _mint(srv, session: dict | None = None, seconds: int | None = None) -> tuple[int, dict]:
+    """POST /v1/realtime/client_secrets as an app's backend does: (status, its JSON)."""
+    body: dict = {} if session is None else {"session": session}
+    if seconds is not None:
+        body["expires_after"] = {"anchor": "created_at", "seconds": seconds}
+    status, text, _ = asyncio.run(post(srv.url, json.dumps(body), bearer(
+        **{"Content-Type": "application/json"}), "/v1/realtime/client_secrets"))
+    return status, json.loads(text)
+
+
+def _refused(status: int, text: str, headers: dict, code: str, cors: bool = True) -> dict:
+    """OpenAI's JSON error with `code`, readable by the allowed page (APP) when `cors`."""
+    error = json.loads(text)["error"]
+    assert error["code"] == code and error["message"], (status, text)
+    assert error["type"] in ("invalid_request_error", "rate_limit_error", "server_error")
+    if cors:
+        assert headers.get("Access-Control-Allow-Origin") == APP, headers
+    else:
+        assert "Access-Control-Allow-Origin" not in headers, headers
+    return error
+
+
+def test_every_refusal_is_openais_json_error_the_allowed_page_can_read(srv, monkeypatch):
+    """A page on an allowed origin (APP) learns why its call or hang-up was refused: the token,
+    a spent, expired or unknown ek_ key - OpenAI's JSON error, with the CORS headers that let
+    it read the answer. A page on any other origin gets the error without them (the browser
+    keeps it from the page, as it should)."""
+    sdp = _offer()
+    page = {"Content-Type": "application/sdp", "Origin": APP}
+    for headers, code in (({}, "invalid_api_key"), (bearer("wrong"), "invalid_api_key"),
+                          (bearer("ek_never_issued"), "invalid_api_key")):
+        status, text, got = asyncio.run(post(srv.url, sdp, {**page, **headers}))
+        assert status == 401, (status, text)
+        _refused(status, text, got, code)
+        assert got.get("WWW-Authenticate") == "Bearer"
+    # a spent key: its one call made
+    key = _mint(srv)[1]["value"]
+    res = asyncio.run(call(srv.url, speech(0.3), token=key, tail_s=0.0, headers={"Origin": APP}))
+    settle(srv)
+    assert res.status == 201, res.error
+    status, text, got = asyncio.run(post(srv.url, sdp, {**page, **bearer(key)}))
+    assert status == 401 and "ask your app's backend for a new one" in \
+        _refused(status, text, got, "invalid_api_key")["message"]
+    # an expired key
+    late = _mint(srv, seconds=10)[1]["value"]
+    keys = srv.state.client_keys
+    monkeypatch.setattr(keys, "_clock", lambda: time.time() + 11)
+    status, text, got = asyncio.run(post(srv.url, sdp, {**page, **bearer(late)}))
+    assert status == 401
+    _refused(status, text, got, "invalid_api_key")
+    monkeypatch.undo()
+    # hanging up: the token's check, and a call that is gone
+    for method, path in (("DELETE", "/v1/realtime/calls/rtc_x"),
+                         ("POST", "/v1/realtime/calls/rtc_x/hangup")):
+        status, text, got = asyncio.run(post(srv.url, b"", {"Origin": APP, **bearer("wrong")},
+                                             path, method))
+        assert status == 401
+        _refused(status, text, got, "invalid_api_key")
+        status, text, got = asyncio.run(post(srv.url, b"", {"Origin": APP, **bearer()}, path,
+                                             method))
+        assert status == 404
+        _refused(status, text, got, "call_not_found")
+    # another origin: the same JSON, and no CORS headers for it
+    for path, method in (("/v1/realtime/calls", "POST"), ("/v1/realtime/calls", "OPTIONS")):
+        status, text, got = asyncio.run(post(srv.url, sdp, {
+            **page, **bearer(), "Origin": "http://evil.example",
+            "Access-Control-Request-Method": "POST"}, path, method))
+        assert status == 403
+        _refused(status, text, got, "origin_not_allowed", cors=False)
+    # minting keys: the backend's token
+    status, text, got = asyncio.run(post(srv.url, "{}", {"Origin": APP, **bearer("wrong")},
+                                         "/v1/realtime/client_secrets"))
+    assert status == 401
+    _refused(status, text, got, "invalid_api_key")
+    assert srv.state.slots_used == 0
+
+
 def test_cors_preflight_is_answered_for_allowed_origins_only(srv):
     ask = {"Access-Control-Request-Method": "POST",
            "Access-Control-Request-Headers": "authorization, content-type, x-openai-agents-sdk"}
@@ -420,6 +501,76 @@ def test_client_keys_are_one_call_each_and_expire(srv, monkeypatch):
     assert srv.state.slots_used == 0
 
 
+def test_a_call_refused_for_its_offer_keeps_its_key(srv, monkeypatch):
+    """An offer whose Opus is not WebRTC's (opus/24000), a session the call cannot take, or any
+    error of aiortc's answering: 400 (not the server's 500), no port left open, and the ek_ key
+    is not spent - the client's next, good offer makes the call with it."""
+    import aiortc as aiortc_module
+
+    key = _mint(srv)[1]["value"]
+    sdp_type = {"Content-Type": "application/sdp"}
+    udp_before = udp_sockets()
+    status, text, _ = asyncio.run(post(srv.url, _offer().replace("opus/48000/2", "opus/24000/2"),
+                                       bearer(key, **sdp_type)))
+    assert status == 400, text
+    error = json.loads(text)["error"]
+    assert error["code"] == "invalid_offer" and "opus/48000/2" in error["message"]
+    # aiortc itself failing to answer
+    def broken(self):
+        raise RuntimeError("no answer today")
+    with monkeypatch.context() as m:
+        m.setattr(aiortc_module.RTCPeerConnection, "createAnswer", broken)
+        status, text, _ = asyncio.run(post(srv.url, _offer(), bearer(key, **sdp_type)))
+    assert status == 400 and "no answer today" in json.loads(text)["error"]["message"], text
+    # the form's session: a voice the server has not
+    res = asyncio.run(call(srv.url, speech(0.2), token=key, session={
+        "type": "realtime", "audio": {"output": {"voice": "NOPE"}}}))
+    assert res.status == 400 and json.loads(res.error)["error"]["code"] == "invalid_session"
+    assert srv.state.slots_used == 0 and udp_sockets() == udp_before
+    res = asyncio.run(call(srv.url, speech(0.5), token=key, tail_s=0.0))
+    settle(srv)
+    assert res.status == 201, res.error
+
+
+SESSIONS_A_CALL_REFUSES = [
+    ({"audio": {"output": {"voice": "NOPE"}}}, "session.audio.output.voice"),
+    ({"voice": "../NATF2"}, "session.voice"),
+    ({"instructions": "x" * 20_000}, "session.instructions"),
+    ({"instructions": 7}, "session.instructions"),
+    ({"audio": {"output": {"format": {"type": "audio/pcmu"}}}}, "session.audio.output.format"),
+    ({"input_audio_format": "g711_ulaw"}, "session.input_audio_format"),
+    ({"audio": {"input": {"transcription": "yes"}}}, "session.audio.input.transcription"),
+]
+
+
+@pytest.mark.parametrize("session, param", SESSIONS_A_CALL_REFUSES)
+def test_no_key_is_minted_for_a_session_its_call_would_refuse(srv, session, param):
+    """What a call refuses of its starting session, client_secrets refuses when the key is
+    asked for (one check serves both): 400 naming the field, and no key; the same session in
+    a call's form is a 400 too."""
+    before = len(srv.state.client_keys)
+    status, body = _mint(srv, {"type": "realtime", **session})
+    assert status == 400 and param in body["error"]["message"], body
+    assert len(srv.state.client_keys) == before
+    res = asyncio.run(call(srv.url, speech(0.2), token=TOKEN,
+                           session={"type": "realtime", **session}))
+    assert res.status == 400 and param in json.loads(res.error)["error"]["message"], res.error
+
+
+def test_a_key_minted_is_a_call_taken(srv):
+    """The sessions a key is minted for - an OpenAI voice (the bank's default speaks), a
+    transcription this model cannot give (an error event, no refusal), a bank voice by its
+    file's name - make their call."""
+    for session in ({"audio": {"output": {"voice": "alloy"}}},
+                    {"audio": {"input": {"transcription": {"model": "whisper-1"}}}},
+                    {"voice": "NATF1.pt", "instructions": "Be brief."}):
+        status, body = _mint(srv, {"type": "realtime", **session})
+        assert status == 200, body
+        res = asyncio.run(call(srv.url, speech(0.3), token=body["value"], tail_s=0.0))
+        settle(srv)
+        assert res.status == 201, (session, res.error)
+
+
 def test_over_max_sessions_is_refused_as_busy_without_a_port(demo_model, demo_model_dir):
     with ServerThread(ServeOptions(demo_model_dir, port=0, max_sessions=1),
                       model=demo_model) as one:
@@ -429,7 +580,7 @@ def test_over_max_sessions_is_refused_as_busy_without_a_port(demo_model, demo_mo
                                              first_audio=answering, stop=done))
             await asyncio.wait_for(answering.wait(), 120)  # the first holds the one slot
             udp = udp_sockets()
-            second = await call(one.url, speech(0.5))
+            second = await call(one.url, speech(0.5), headers={"Origin": one.url.rstrip("/")})
             udp_after = udp_sockets()
             done.set()
             return await first, second, udp, udp_after
@@ -440,6 +591,8 @@ def test_over_max_sessions_is_refused_as_busy_without_a_port(demo_model, demo_mo
     assert second.status == 429
     error = json.loads(second.error)["error"]
     assert error["message"] == "busy: 1 of 1 sessions" and error["type"] == "rate_limit_error"
+    # the page of the server's own origin reads the refusal
+    assert second.headers.get("Access-Control-Allow-Origin") == one.url.rstrip("/")
     # the refused call's own client opened ports of its own; the server none for it
     assert udp_after_refusal <= udp_then + 1
 

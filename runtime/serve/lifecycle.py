@@ -23,6 +23,7 @@ import asyncio
 import logging
 import socket
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import AsyncIterator
 
 from aiohttp import WSCloseCode, WSMsgType, web
@@ -44,6 +45,7 @@ SOCKET_SEND_BUFFER = 32 << 10
 LINGER_SECONDS = 10.0  # a closed connection whose peer does not read is cut off after this
 WRITER_LIMIT = 32 << 10
 _CLOSE_REASON_BYTES = 123  # what a WebSocket close frame can carry
+TOKEN_NEEDED = "this server needs a token: ?token=... or 'Authorization: Bearer ...'"
 
 
 class Wire:
@@ -139,29 +141,62 @@ class WebSocketTransport(Transport):
         await close(self.ws, self.request, messages, reason, code)
 
 
-def check_origin(request: web.Request, state: ServerState, required: bool = False) -> None:
-    """The origin check (403) of every route that opens a session. `required`: a CORS
-    preflight, which only a page sends, must name the page's origin."""
+@dataclass(frozen=True)
+class Refusal:
+    """Why a request may not open a session: its HTTP status, a message that says what to do,
+    and OpenAI's error code for it (what an HTTP client of the calls' routes reads)."""
+
+    status: int
+    message: str
+    code: str
+
+
+def origin_refusal(request: web.Request, state: ServerState,
+                   required: bool = False) -> Refusal | None:
+    """The origin check (403) of every route that opens a session, counted and logged; None
+    when it passes. `required`: a CORS preflight, which only a page sends, must name the
+    page's origin."""
     origin = request.headers.get("Origin")
-    if (required and origin is None) or not origin_allowed(request, state.allowed_origins):
-        state.stats.refused.labels(reason="origin").inc()
-        log.info("%s: refused %s%s: origin %s is not allowed (--allowed-origins)",
-                 request.remote or "?", "the preflight of " if required else "", request.path,
-                 origin)
-        raise web.HTTPForbidden(text=f"origin {origin} may not open this server's sessions; "
-                                f"serve with --allowed-origins {origin} to admit it\n")
+    if not ((required and origin is None) or not origin_allowed(request, state.allowed_origins)):
+        return None
+    state.stats.refused.labels(reason="origin").inc()
+    log.info("%s: refused %s%s: origin %s is not allowed (--allowed-origins)",
+             request.remote or "?", "the preflight of " if required else "", request.path,
+             origin)
+    return Refusal(403, f"origin {origin} may not open this server's sessions; serve with "
+                        f"--allowed-origins {origin} to admit it", "origin_not_allowed")
+
+
+def client_refusal(request: web.Request, state: ServerState, authorized_by=authorized,
+                   unauthorized: str = TOKEN_NEEDED) -> Refusal | None:
+    """The origin (403) and token (401) checks of every route that opens a session, counted
+    and logged; None when both pass. `unauthorized`: what a 401 tells the client."""
+    refusal = origin_refusal(request, state)
+    if refusal is not None:
+        return refusal
+    if authorized_by(request, state.auth_token):
+        return None
+    state.stats.refused.labels(reason="unauthorized").inc()
+    log.info("%s: refused %s: no valid token", request.remote or "?", request.path)
+    return Refusal(401, unauthorized, "invalid_api_key")
+
+
+def check_origin(request: web.Request, state: ServerState, required: bool = False) -> None:
+    """origin_refusal as aiohttp's plain-text 403."""
+    refusal = origin_refusal(request, state, required)
+    if refusal is not None:
+        raise web.HTTPForbidden(text=refusal.message + "\n")
 
 
 def check_client(request: web.Request, state: ServerState, authorized_by=authorized) -> None:
-    """The origin (403) and token (401) checks of every route that opens a session."""
-    peer = request.remote or "?"
-    check_origin(request, state)
-    if not authorized_by(request, state.auth_token):
-        state.stats.refused.labels(reason="unauthorized").inc()
-        log.info("%s: refused %s: no valid token", peer, request.path)
-        raise web.HTTPUnauthorized(text="this server needs a token: ?token=... or "
-                                   "'Authorization: Bearer ...'\n",
-                                   headers={"WWW-Authenticate": "Bearer"})
+    """client_refusal as aiohttp's plain-text 403 or 401 (a WebSocket's handshake)."""
+    refusal = client_refusal(request, state, authorized_by)
+    if refusal is None:
+        return
+    if refusal.status == 403:
+        raise web.HTTPForbidden(text=refusal.message + "\n")
+    raise web.HTTPUnauthorized(text=refusal.message + "\n",
+                               headers={"WWW-Authenticate": "Bearer"})
 
 
 def busy_reason(state: ServerState, peer: str, path: str) -> str | None:

@@ -12,8 +12,12 @@ app holds instead of the server's token.
 A call is checked as a WebSocket is (the Host, the Origin, the token or a client key), and
 refused as one is when every slot is taken (429, 503 while stopping: the same error, and no
 UDP port opened). Its offer is read and checked (webrtc_offer.py: 400 with the reason) before a
-peer connection exists. Without aiortc (the `webrtc` extra) the route answers 501 with the line
-that installs it. The call itself: webrtc_call.py.
+peer connection exists, its starting session as its key's was (webrtc_session.py: 400). Every
+refusal - origin, token, key, offer, session, capacity - is OpenAI's JSON error, with the CORS
+headers that let a page on an allowed origin read it (else a browser's fetch says only "Failed
+to fetch", and the page cannot tell a spent key from a server that is down). A call refused
+after its key was taken gives the key back. Without aiortc (the `webrtc` extra) the route
+answers 501 with the line that installs it. The call itself: webrtc_call.py.
 """
 
 from __future__ import annotations
@@ -26,15 +30,19 @@ from aiohttp import web
 
 from .auth import origin_allowed, presented_tokens
 from .client_keys import KeyRequestError, is_client_key
-from .lifecycle import busy_reason, check_client, check_origin, free_slot, take_slot
-from .realtime_events import EventError, parse_session_update
+from .lifecycle import (Refusal, busy_reason, client_refusal, free_slot, origin_refusal,
+                        take_slot)
+from .realtime_events import EventError
 from .state import STATE
 from .webrtc_offer import OfferError, check_offer, read_offer
+from .webrtc_session import check_start
 
 log = logging.getLogger("personaplex_edge.serve")
 
 INSTALL_LINE = "pip install 'personaplex-edge[webrtc]'"
 PREFLIGHT_MAX_AGE_S = 600
+KEY_REFUSED = ("this client key is spent, expired or unknown: ask your app's backend for a new "
+               "one (POST /v1/realtime/client_secrets)")
 
 
 def webrtc_missing() -> str | None:
@@ -63,8 +71,19 @@ def _cors(request: web.Request) -> dict:
             "Access-Control-Expose-Headers": "Location"}
 
 
+def _refused(request: web.Request, refusal: Refusal) -> web.Response:
+    """A refused token, key or origin as OpenAI's JSON error, readable by an allowed page (a
+    page on another origin gets no CORS headers: it was not allowed)."""
+    headers = _cors(request)
+    if refusal.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return _error(refusal.status, refusal.message, code=refusal.code, headers=headers)
+
+
 async def preflight(request: web.Request) -> web.Response:
-    check_origin(request, request.app[STATE], required=True)
+    refusal = origin_refusal(request, request.app[STATE], required=True)
+    if refusal is not None:
+        return _refused(request, refusal)
     headers = _cors(request)
     headers.update({
         "Access-Control-Allow-Methods": "POST, DELETE, OPTIONS",
@@ -80,14 +99,23 @@ def _client_key(request: web.Request) -> str | None:
     return next((t for t in presented_tokens(request) if is_client_key(t)), None)
 
 
+def _caller_refusal(request: web.Request, key: str | None) -> Refusal | None:
+    """The origin and token checks of a call; an `ek_` key stands for the token, whatever the
+    token is."""
+    state = request.app[STATE]
+    if key is None:
+        return client_refusal(request, state)
+    return client_refusal(request, state, lambda r, t: state.client_keys.valid(key),
+                          unauthorized=KEY_REFUSED)
+
+
 async def create_call(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     peer = request.remote or "?"
     key = _client_key(request)
-    if key is None:
-        check_client(request, state)
-    else:  # an ek_ key stands for the token, whatever the token is
-        check_client(request, state, lambda r, t: state.client_keys.valid(key))
+    refusal = _caller_refusal(request, key)
+    if refusal is not None:
+        return _refused(request, refusal)
     cors = _cors(request)
     missing = webrtc_missing()
     if missing is not None:
@@ -104,23 +132,21 @@ async def create_call(request: web.Request) -> web.StreamResponse:
         if state.stopping:
             return _error(503, reason, "server_error", "server_shutting_down", cors)
         return _error(429, reason, "rate_limit_error", "resource_exhausted", cors)
-    start: dict = {}
+    grant = None
     if key is not None:
         grant = state.client_keys.redeem(key)
         if grant is None:  # spent by another request meanwhile
             state.stats.refused.labels(reason="unauthorized").inc()
-            return _error(401, "this client key is spent or expired: ask for a new one "
-                               "(POST /v1/realtime/client_secrets)", code="invalid_api_key",
-                          headers=cors)
-        start.update(grant.session)
-    start.update(offer.session)
+            return _refused(request, Refusal(401, KEY_REFUSED, "invalid_api_key"))
+    start = {**(grant.session if grant is not None else {}), **offer.session}
 
     from .webrtc_call import Call
 
     take_slot(state)
     call = None
-    kept = False  # else the call is closed and its slot freed, whatever ends it
+    kept = False  # else the call is closed, its slot freed and its key given back
     try:
+        check_start(state, start)
         call = Call(state, request, offer, start)
         answer = await call.answer()
         if state.stopping:  # it stopped while the answer was made: this call is not taken on
@@ -138,6 +164,8 @@ async def create_call(request: web.Request) -> web.StreamResponse:
             if call is not None:
                 await call.close()
             free_slot(state)
+            if grant is not None:
+                state.client_keys.restore(grant)
     log.info("call %s (%s): answered", call.id, peer)
     return web.Response(status=201, text=answer, content_type="application/sdp",
                         headers={"Location": f"/v1/realtime/calls/{call.id}", **cors})
@@ -145,7 +173,9 @@ async def create_call(request: web.Request) -> web.StreamResponse:
 
 async def hang_up(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    check_client(request, state)
+    refusal = client_refusal(request, state)
+    if refusal is not None:
+        return _refused(request, refusal)
     call = state.calls.get(request.match_info["call_id"])
     if call is None:
         return _error(404, f"no call {request.match_info['call_id']} (ended, or never here)",
@@ -155,32 +185,41 @@ async def hang_up(request: web.Request) -> web.Response:
                         headers=_cors(request))
 
 
+async def _json_body(request: web.Request) -> dict:
+    """The request's JSON object ({} for none); KeyRequestError for anything else."""
+    if not request.can_read_body:
+        return {}
+    try:
+        body = await request.json()
+    except (ValueError, UnicodeDecodeError) as e:
+        raise KeyRequestError(f"the body is not JSON ({e})") from None
+    if not isinstance(body, dict):
+        raise KeyRequestError("the body must be a JSON object: {\"session\": {...}}")
+    return body
+
+
 async def client_secret(request: web.Request) -> web.Response:
     """POST /v1/realtime/client_secrets: needs the server's token (a client key makes none)."""
     state = request.app[STATE]
-    check_client(request, state)  # the token itself: a client key (an ek_) makes no keys
-    body: dict = {}
-    if request.can_read_body:
-        try:
-            body = await request.json()
-        except (ValueError, UnicodeDecodeError) as e:
-            return _error(400, f"the body is not JSON ({e})")
-        if not isinstance(body, dict):
-            return _error(400, "the body must be a JSON object: {\"session\": {...}}")
+    refusal = client_refusal(request, state)  # the token itself: an ek_ key makes no keys
+    if refusal is not None:
+        return _refused(request, refusal)
     try:
-        session = body.get("session")
-        if session is not None:  # the fields a call will honour, checked now
-            parse_session_update({"type": "session.update", "session": session})
-        key = state.client_keys.issue(body)
+        body = await _json_body(request)
+        session = body.get("session", {})
+        if not isinstance(session, dict):
+            raise KeyRequestError("session must be an object (the call's session)")
+        check_start(state, session)  # what the call would refuse, refused now
+        key = state.client_keys.issue(session, body.get("expires_after"))
     except (KeyRequestError, EventError) as e:
-        return _error(400, str(e))
+        return _error(400, str(e), headers=_cors(request))
     shown = {"type": "realtime", "object": "realtime.session", "model": state.model_name,
              **key.session}
     log.info("%s: issued a client key, %d unspent", request.remote or "?",
              len(state.client_keys))
     return web.Response(text=json.dumps({"value": key.value, "expires_at": int(key.expires_at),
                                          "session": shown}),
-                        content_type="application/json")
+                        content_type="application/json", headers=_cors(request))
 
 
 def add_routes(app: web.Application) -> None:

@@ -251,27 +251,30 @@ class Call:
             elif pc.connectionState == "closed" and not self.closing:
                 self.session.end(None)  # the peer hung up
 
+        # the answer's track on a transceiver made first, Opus its only codec: the offer's
+        # first audio section takes it (aiortc fixes a section's codecs as it reads the offer,
+        # so preferences set on a transceiver the offer made come too late)
+        audio = pc.addTransceiver(self.out, direction="sendrecv")
+        audio.setCodecPreferences([c for c in RTCRtpSender.getCapabilities("audio").codecs
+                                   if c.name.lower() == "opus"])
         with gathering_on(ice.addresses):
             try:
                 await pc.setRemoteDescription(RTCSessionDescription(
                     reachable_candidates(self.offer.sdp, ice), "offer"))
+                for transceiver in pc.getTransceivers():
+                    if transceiver is not audio:  # a camera, a second microphone: not heard
+                        transceiver.direction = "inactive"
+                await pc.setLocalDescription(await pc.createAnswer())
             except Exception as e:  # aiortc's word on an offer our checks let through
                 raise OfferError(f"the offer cannot be answered ({type(e).__name__}: {e})") \
                     from None
-            audio = None
-            for transceiver in pc.getTransceivers():
-                if transceiver.kind == "audio" and audio is None:
-                    audio = transceiver
-                    audio.setCodecPreferences([c for c in RTCRtpSender.getCapabilities(
-                        "audio").codecs if c.name.lower() == "opus"])
-                else:  # a camera, a second microphone: not heard
-                    transceiver.direction = "inactive"
-            pc.addTrack(self.out)
-            await pc.setLocalDescription(await pc.createAnswer())
         sdp = pc.localDescription.sdp
         media = SessionDescription.parse(sdp).media
-        opus = next(c.payloadType for m in media if m.kind == "audio"
-                    for c in m.rtp.codecs if c.name.lower() == "opus")
+        opus = next((c.payloadType for m in media if m.kind == "audio"
+                     for c in m.rtp.codecs if c.name.lower() == "opus"), None)
+        if opus is None or audio.mid is None:
+            raise OfferError("the offer cannot be answered with Opus at 48000 Hz on its first "
+                             "audio section")
         tap_rtp(audio.receiver, opus, self.inbound.push)
         return sdp
 

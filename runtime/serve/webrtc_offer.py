@@ -5,8 +5,9 @@ or a multipart form with the SDP in `sdp` and the call's starting session (JSON)
 
 What a call needs of the offer, each missing piece a 400 that names it: a parseable SDP, an
 audio section the client sends on (sendrecv or sendonly: the model listens and speaks at once),
-Opus among its codecs, and the ICE credentials and DTLS fingerprint of a WebRTC peer. A data
-section (the `oai-events` channel) is optional: without it the call converses, silently.
+Opus among its codecs as RFC 7587 names it (opus/48000/2), and the ICE credentials and DTLS
+fingerprint of a WebRTC peer. A data section (the `oai-events` channel) is optional: without it
+the call converses, silently.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 MAX_OFFER_BYTES = 64 << 10  # a browser's offer is a few kB
+OPUS_CLOCK_RATE = 48000  # RTP's clock (and SDP's name) for every Opus stream
 
 
 class OfferError(ValueError):
@@ -91,8 +93,13 @@ def check_offer(sdp: str, session: dict) -> Offer:
     if first.direction not in (None, "sendrecv", "sendonly"):
         raise OfferError(f"the offer's audio is {first.direction}: the model hears what the "
                          "client sends, so the microphone's track must be sendrecv")
-    if not any(c.name.lower() == "opus" for c in first.rtp.codecs):
+    opus = [c for c in first.rtp.codecs if c.name.lower() == "opus"]
+    if not opus:
         raise OfferError("the offer's audio has no Opus codec: this server speaks Opus at 48 kHz")
+    if not any(c.clockRate == OPUS_CLOCK_RATE and c.channels == 2 for c in opus):
+        rates = ", ".join(f"opus/{c.clockRate}/{c.channels}" for c in opus)
+        raise OfferError(f"the offer's Opus is {rates}: WebRTC's Opus is opus/{OPUS_CLOCK_RATE}/2 "
+                         "(RFC 7587), whatever rate it is coded at")
     if not (first.ice.usernameFragment and first.ice.password):
         raise OfferError("the offer has no ICE credentials (a=ice-ufrag, a=ice-pwd): not a "
                          "WebRTC offer")

@@ -1,0 +1,51 @@
+"""A call's starting session - a client key's, the offer form's - checked as the call will take
+it, by the one function every way in uses: `POST /v1/realtime/client_secrets` and the beta's
+`/v1/realtime/sessions` mint no key for a session its call would refuse, and a call refuses a
+bad one (400, `invalid_session`) before it takes a slot or spends its key.
+
+What a call refuses of its starting session is what its session.update would be refused:
+
+    the shape and the formats          realtime_events.parse_session_update
+    instructions over MAX_TEXT_PROMPT_CHARS
+    a voice this server has not        (a voice of OpenAI's own passes: the bank's default
+                                        speaks instead, as on the WebSocket)
+
+A transcription asked of a model without a transcriber is no refusal: the call says so in an
+`error` event after session.created and goes on (OpenAI's Agents SDK asks for it by default).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .params import MAX_TEXT_PROMPT_CHARS, ParamError
+from .realtime import OPENAI_VOICES
+from .realtime_events import EventError, SessionUpdate, parse_session_update
+from .state import ServerState
+
+
+def check_start(state: ServerState, session: dict) -> SessionUpdate:
+    """The session's fields as a call reads them; EventError naming the first one a call
+    would refuse."""
+    update = parse_session_update({"type": "session.update", "session": session})
+    if update.instructions is not None and len(update.instructions) > MAX_TEXT_PROMPT_CHARS:
+        raise EventError(f"session.instructions: {len(update.instructions)} characters, over "
+                         f"the limit of {MAX_TEXT_PROMPT_CHARS}", param="session.instructions")
+    if update.voice is not None and update.voice.strip():
+        try:
+            state.voices.resolve(update.voice)
+        except ParamError as e:
+            if update.voice.strip().lower() not in OPENAI_VOICES:
+                raise EventError(f"{update.voice_param}: {e.reason}",
+                                 param=update.voice_param) from None
+    return update
+
+
+def shown_voice(state: ServerState, update: SessionUpdate) -> str | None:
+    """The voice the call will speak in, by the name session.created shows."""
+    if update.voice is None or not update.voice.strip():
+        return state.default_voice
+    try:
+        return Path(state.voices.resolve(update.voice)).name
+    except ParamError:  # one of OpenAI's: the bank's default speaks
+        return state.default_voice
