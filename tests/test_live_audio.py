@@ -6,10 +6,11 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import time
+import threading
 
 import numpy as np
 import pytest
+from assistant_service import Collected
 from interrupt import default_sigint
 from pulse import start_pulse
 
@@ -82,6 +83,32 @@ def test_unknown_device_is_one_clear_error(pulse_env, demo_model_dir):
     assert "there is no sound device 97" in done.stderr and "Traceback" not in done.stderr
 
 
+def _stderr_lines(proc: subprocess.Popen) -> tuple[Collected, threading.Thread]:
+    """`proc`'s stderr lines as they come, read by a thread of their own."""
+    lines = Collected()
+
+    def read() -> None:
+        for line in proc.stderr:
+            lines.add(line.rstrip("\n"))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return lines, reader
+
+
+def _answering(line: str) -> bool:
+    """A status line of the live loop (one each 0.5 s) with a frame answered."""
+    return line.startswith("frames ") and int(line.split()[1]) > 0
+
+
+def _rest(proc: subprocess.Popen, lines: Collected, reader: threading.Thread,
+          timeout: float) -> str:
+    """Its stderr, whole, once it has exited."""
+    proc.wait(timeout=timeout)
+    reader.join(timeout=10)
+    return "\n".join(line for _, line in lines.items)
+
+
 def test_vanishing_device_ends_with_a_message(tmp_path, demo_model_dir):
     """The sound server dies mid-conversation: one clear message, exit status 2, no hang."""
     server, env = start_pulse(tmp_path)
@@ -89,11 +116,12 @@ def test_vanishing_device_ends_with_a_message(tmp_path, demo_model_dir):
         mic = subprocess.Popen(
             [sys.executable, "-m", "personaplex_edge.cli", "--mic", "--model",
              str(demo_model_dir), "--duration", "60", "--no-persona"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(5)
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        lines, reader = _stderr_lines(mic)
+        lines.wait(_answering, timeout=120)  # in conversation: the device then goes
         server.kill()
         server.wait(timeout=10)
-        _, err = mic.communicate(timeout=45)
+        err = _rest(mic, lines, reader, timeout=45)
     finally:
         if server.poll() is None:
             server.kill()
@@ -109,11 +137,16 @@ def test_ctrl_c_stops_cleanly_with_a_summary(pulse_env, demo_model_dir):
 
     mic = subprocess.Popen(
         [sys.executable, "-m", "personaplex_edge.cli", "--mic", "--model", str(demo_model_dir),
-         "--no-persona"], env=pulse_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+         "--no-persona"], env=pulse_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         text=True, preexec_fn=default_sigint)
-    time.sleep(6)
-    mic.send_signal(signal.SIGINT)
-    _, err = mic.communicate(timeout=30)
+    try:
+        lines, reader = _stderr_lines(mic)
+        lines.wait(_answering, timeout=120)  # in conversation: then Ctrl-C
+        mic.send_signal(signal.SIGINT)
+        err = _rest(mic, lines, reader, timeout=30)
+    finally:
+        if mic.poll() is None:
+            mic.kill()
     assert mic.returncode == 0, err[-1500:]
     summary = next(line for line in err.splitlines() if line.startswith("stopped:"))
     assert int(summary.split()[1]) > 0
