@@ -349,7 +349,12 @@ def downloaded(tiny_fp32, tmp_path, monkeypatch):
 
 def _cached_engines(tmp_path: Path) -> list[Path]:
     """The per-GPU directories of the per-user engine cache."""
-    return sorted((tmp_path / "cache" / "engines").glob("*/*"))
+    return sorted((tmp_path / "cache" / "engines").glob("*"))
+
+
+def _graphs_of(cache: Path) -> list[str]:
+    """The graphs whose engines a cache directory holds (<graph>-<key>.engine)."""
+    return sorted(p.name.split("-")[0] for p in cache.glob("*.engine"))
 
 
 def test_simulated_gpu_a_read_only_model_gets_its_engines_built_once_into_the_user_cache(
@@ -385,10 +390,10 @@ def test_simulated_gpu_a_read_only_model_gets_its_engines_built_once_into_the_us
         assert [line for line in said if "building it into" in line and str(model) in line
                 and "mimi_encoder, mimi_decoder" in line and "Simulated GPU" in line], said
         (cache,) = _cached_engines(tmp_path)
-        assert sorted(p.name for p in cache.glob("*.engine")) == [
-            "depformer_step.engine", "helium_step.engine", "mimi_decoder.engine",
-            "mimi_encoder.engine"]
-        (cache / "helium_step.engine").write_bytes(b"damaged")
+        assert _graphs_of(cache) == ["depformer_step", "helium_step", "mimi_decoder",
+                                     "mimi_encoder"]
+        (helium,) = cache.glob("helium_step-*.engine")
+        helium.write_bytes(b"damaged")
         GreedyLM(model, device="cuda").run(user[:3])
         assert Path(trt.builds[-1][0].onnx_path).name == "helium_step.onnx"
         assert len(trt.builds) == 5  # that one only
@@ -399,6 +404,81 @@ def test_simulated_gpu_a_read_only_model_gets_its_engines_built_once_into_the_us
         assert len(sys.modules["tensorrt"].builds) == 2 and other.name == "Other GPU"
     assert tree_state(model) == before
     assert [p.name.split("-")[0] for p in _cached_engines(tmp_path)] == ["Other", "Simulated"]
+
+
+def _reexport(model: Path, graph: str) -> None:
+    """`graph` changed as a re-export changes it (here one more metadata entry: it computes
+    the same), its new sha256 in the manifest."""
+    import onnx
+
+    from personaplex_edge.manifest import MANIFEST, sha256_file
+
+    path = model / f"{graph}.onnx"
+    proto = onnx.load(str(path), load_external_data=False)
+    proto.metadata_props.add(key="reexport", value=str(len(proto.metadata_props)))
+    onnx.save(proto, str(path))  # its weights stay where they are
+    data = json.loads((model / MANIFEST).read_text())
+    data["graphs"][graph]["sha256"] = sha256_file(path)
+    data["source_revision"] = f"re-exported {graph}"  # the manifest changes beyond the graph
+    (model / MANIFEST).write_text(json.dumps(data))
+
+
+def test_simulated_gpu_the_engine_cache_is_keyed_per_graph_and_pruned(downloaded, tmp_path):
+    """Adding a transcriber re-exports the encoder alone, and the manifest changes: only that
+    graph's engine is built again, the others are found as they were, and the old encoder's
+    engine is removed, said. A second model directory with the same graphs shares their
+    engines; once it is gone, the engine only it used goes at the next build, and the ones the
+    first model still uses stay. The layout before (engines keyed by the whole manifest) goes
+    at the first build."""
+    import shutil
+
+    from personaplex_edge.runtime.backends import load_graphs
+
+    model = downloaded
+    trt = sys.modules["tensorrt"]
+    names = ["mimi_encoder", "mimi_decoder", "helium_step", "depformer_step"]
+
+    def start(where: Path) -> tuple[list[str], str]:
+        """Loads every graph on the GPU; (the graphs built, what was said)."""
+        before, said = len(trt.builds), []
+        load_graphs(where, load_model_dir(where), names, "cuda", progress=said.append)
+        built = [Path(n.onnx_path).stem for n, _ in trt.builds[before:]]
+        return built, "\n".join(said)
+
+    earlier = tmp_path / "cache" / "engines" / ("ab" * 32) / "Simulated-GPU-80GiB-sm90-trt10"
+    earlier.mkdir(parents=True)
+    (earlier / "helium_step.engine").write_bytes(b"plan" * 1000)
+    built, said = start(model)
+    assert sorted(built) == sorted(names)
+    assert f"{'ab' * 6}... (0 MB): the layout before this version" in said, said
+    (cache,) = _cached_engines(tmp_path)
+    assert _graphs_of(cache) == sorted(names)
+
+    _reexport(model, "mimi_encoder")
+    old_encoder = sorted(cache.glob("mimi_encoder-*.engine"))
+    built, said = start(model)
+    assert built == ["mimi_encoder"]
+    assert f"{old_encoder[0].name} (0 MB): mimi_encoder of {model.resolve()} changed" in said
+    assert _graphs_of(cache) == sorted(names) and not old_encoder[0].exists()
+
+    copy = tmp_path / "copy"
+    shutil.copytree(model, copy)
+    assert start(copy)[0] == []  # the same graphs: the same engines
+    _reexport(copy, "depformer_step")
+    assert start(copy)[0] == ["depformer_step"]  # the first model still uses the other one
+    assert _graphs_of(cache) == sorted([*names, "depformer_step"])
+    shutil.rmtree(copy)
+    _reexport(model, "helium_step")
+    built, said = start(model)
+    assert built == ["helium_step"]
+    removed = said.split("removed from the engine cache ")[1].split("\n  ")[1:]
+    assert len(removed) == 2, said  # the copy's depformer, the old helium
+    assert "/depformer_step-" in removed[0] and removed[0].endswith(f"{copy.resolve()} is gone")
+    assert "/helium_step-" in removed[1] and removed[1].endswith(
+        f"helium_step of {model.resolve()} changed; {copy.resolve()} is gone")
+    assert _graphs_of(cache) == sorted(names)
+    assert start(model)[0] == []  # what is left is what the model uses
+    assert [p.name for p in _cached_engines(tmp_path)] == [cache.name]
 
 
 def test_simulated_gpu_engines_command_on_a_read_only_directory_writes_the_user_cache(

@@ -54,7 +54,8 @@ from personaplex_edge.errors import PersonaPlexError
 from personaplex_edge.manifest import Manifest, load_model_dir, sha256_file, write_manifest
 from personaplex_edge.user_cache import user_cache_dir, writable_dir
 
-from .engine_cache import Located, Target, add_record, engine_cache_dir, locate
+from .engine_cache import (Located, Target, add_engine, cached_engine, engine_cache_dir,
+                           locate, max_frames, prune)
 from .trt_library import (CHOICES, INSTALL, RTX, Library, build_targets, library_of,
                           load_library, unsupported_gpu)
 
@@ -403,14 +404,15 @@ def build_engine(onnx_path: Path, engine_path: Path, precision: str,
     if lib.timing_cache:
         cache_path = timing_cache or default_timing_cache(lib.version,
                                                           setup.device.compute_capability)
-    tmp = engine_path.parent / f".{engine_path.name}.partial"
+    # one per process: two starts building the same cached engine write their own
+    tmp = engine_path.parent / f".{engine_path.name}.{os.getpid()}.partial"
     try:
         config, seconds = _serialize(setup, onnx_path, precision, cache_path, workspace_bytes,
                                      progress, tmp, max_frames)
         os.replace(tmp, engine_path)  # replaces (never rewrites) a hard-linked old engine
         if cache_path is not None:
             cache_path.parent.mkdir(parents=True, exist_ok=True)
-            cache_tmp = cache_path.parent / f".{cache_path.name}.partial"
+            cache_tmp = cache_path.parent / f".{cache_path.name}.{os.getpid()}.partial"
             cache_tmp.write_bytes(memoryview(config.get_timing_cache().serialize()))
             os.replace(cache_tmp, cache_path)
     except PersonaPlexError:
@@ -440,23 +442,23 @@ def _check_names(model_dir: Path, manifest: Manifest, names: list[str]) -> None:
                                + ", ".join(manifest.graphs))
 
 
-def _build_each(model_dir: Path, manifest: Manifest, names: list[str], into: Path,
-                setup: BuildSetup | None, timing_cache: Path | None,
-                workspace_bytes: int | None,
+def _build_each(model_dir: Path, manifest: Manifest, names: list[str],
+                engine_path: Callable[[str], Path], setup: BuildSetup | None,
+                timing_cache: Path | None, workspace_bytes: int | None,
                 progress: Progress) -> Iterator[tuple[str, EngineSpec]]:
-    """Builds the engine of each graph of `names` into directory `into` (`<graph>.engine`),
-    yielding it as it is built; refuses unknown graphs and what cannot be built first."""
+    """Builds the engine of each graph of `names` into the file `engine_path(name)`, yielding
+    it as it is built; refuses unknown graphs and what cannot be built first."""
     _check_names(model_dir, manifest, names)
     setup = setup or build_setup(manifest.graphs[n].precision for n in names)
-    into.mkdir(parents=True, exist_ok=True)
     for name in names:
         entry = manifest.graphs[name]
+        path = engine_path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
         # each graph's own precision: the codec stays fp32 (TF32 off) inside an fp16 model,
         # and the depformer may differ from Helium
-        yield name, build_engine(model_dir / entry.file, into / (Path(entry.file).stem
-                                                                   + ".engine"),
-                                 entry.precision, setup, timing_cache, workspace_bytes,
-                                 progress, max_frames=_max_frames(manifest))
+        yield name, build_engine(model_dir / entry.file, path, entry.precision, setup,
+                                 timing_cache, workspace_bytes, progress,
+                                 max_frames=max_frames(manifest))
 
 
 def build_engines(model_dir: str | Path, manifest: Manifest | None = None,
@@ -470,8 +472,11 @@ def build_engines(model_dir: str | Path, manifest: Manifest | None = None,
     model_dir = Path(model_dir)
     manifest = manifest or load_model_dir(model_dir)
     entries = dict(manifest.graphs)
-    for name, spec in _build_each(model_dir, manifest, list(graphs or manifest.graphs),
-                                  model_dir, setup, timing_cache, workspace_bytes, progress):
+    def beside(name: str) -> Path:
+        return model_dir / (Path(manifest.graphs[name].file).stem + ".engine")
+
+    for name, spec in _build_each(model_dir, manifest, list(graphs or manifest.graphs), beside,
+                                  setup, timing_cache, workspace_bytes, progress):
         entries[name] = dataclasses.replace(entries[name], engine=spec.to_dict())
     return dataclasses.replace(manifest, graphs=entries, backend="tensorrt")
 
@@ -520,17 +525,23 @@ def build_cached_engines(model_dir: str | Path, manifest: Manifest, names: list[
                          workspace_bytes: int | None = None,
                          progress: Progress = print) -> dict[str, Located]:
     """Builds the engines of `names` for this GPU with `lib` into the per-user cache
-    (engine_cache.py), each file in place before its record: the model directory is not
-    touched."""
+    (engine_cache.py), each file in place before its record, then prunes what no model uses
+    there any more (said): the model directory is not touched."""
     model_dir = Path(model_dir)
-    cache = engine_cache_dir(model_dir, this_gpu(lib))
+    gpu = this_gpu(lib)
     setup = _gpu_setup(lib, [manifest.graphs[n].precision for n in names])
     out = {}
-    for name, spec in _build_each(model_dir, manifest, names, cache, setup, timing_cache,
-                                  workspace_bytes, progress):
-        add_record(cache, name, spec)
-        out[name] = Located(cache, dataclasses.replace(manifest.graphs[name],
-                                                       engine=spec.to_dict()))
+    for name, spec in _build_each(model_dir, manifest, names,
+                                  lambda name: cached_engine(gpu, manifest, name), setup,
+                                  timing_cache, workspace_bytes, progress):
+        engine = cached_engine(gpu, manifest, name)
+        add_engine(engine, name, spec, model_dir)
+        out[name] = Located(engine.parent, dataclasses.replace(manifest.graphs[name],
+                                                               engine=spec.to_dict()))
+    try:
+        prune(progress)
+    except OSError as e:  # the engines are built: a cache that cannot be tidied is no failure
+        progress(f"the engine cache could not be pruned ({e})")
     return out
 
 
@@ -547,15 +558,9 @@ def engines_for_this_gpu(model_dir: str | Path, manifest: Manifest, names: list[
                if lib.rtx else "TensorRT times its kernels, which takes minutes for the 7B")
         progress(f"no engine of {', '.join(missing)} for this {gpu.device_name} "
                  f"({lib.title}) in {model_dir}: building it into "
-                 f"{engine_cache_dir(model_dir, gpu)} (once; {how})")
+                 f"{engine_cache_dir(gpu)} (once; {how})")
         found.update(build_cached_engines(model_dir, manifest, missing, lib, progress=progress))
     return found
-
-
-def _max_frames(manifest: Manifest) -> int:
-    """The longest call of a graph with a frames axis (helium_step): a persona prefill runs
-    up to context - 1 frames."""
-    return manifest.config.temporal_config.max_position_embeddings - 1
 
 
 def rebuild_engines(model_dir: str | Path, graphs: list[str] | None = None,
@@ -599,7 +604,7 @@ def rebuild_engines(model_dir: str | Path, graphs: list[str] | None = None,
                 f"({e}); copy the model to a directory of your own to build its portable "
                 "engines there") from None
         progress(f"{model_dir} is read-only here (or a Hugging Face snapshot): the engines go "
-                 f"to {engine_cache_dir(model_dir, gpu)}")
+                 f"to {engine_cache_dir(gpu)}")
         built = build_cached_engines(model_dir, manifest, names, setup.lib, timing_cache,
                                      workspace_bytes, progress)
         return dataclasses.replace(manifest, backend="tensorrt", graphs={
