@@ -686,3 +686,62 @@ def test_the_jitter_buffer_reorders_drops_late_and_grows_with_jitter():
     # duplicates and packets after their turn are dropped and counted
     jb.push(3, 3 * 960, packets[3], now)
     assert s.late >= 1
+
+
+def test_the_jitter_buffer_holds_a_bounded_stream_whatever_the_caller_sends():
+    """A caller jumping 999 sequence numbers a packet, ten packets to each 20 ms pull (a new
+    stream each time is 1000: this stays under it): every packet is ahead of the playout point
+    by far more than the buffer keeps, so it holds next to nothing and its memory stays flat
+    (it kept every one of them); a caller of 2.5 ms packets in a steady run is held to
+    MAX_PACKETS; the buffer plays all along."""
+    import tracemalloc
+
+    from personaplex_edge.runtime.serve.jitter import MAX_PACKETS
+
+    _, packets = _packets(1.0)
+    jb = JitterBuffer(libopus.Decoder(48000))
+    for seq in range(3):  # a call under way
+        jb.push(seq, seq * 960, packets[seq], seq * 0.02)
+    assert jb.pull(960) is not None
+    held, sizes, pulled = 0, [], 0
+    tracemalloc.start()
+    try:
+        for i in range(1, 20_001):
+            jb.push((2 + i * 999) % 65536, i * 960, packets[i % len(packets)], i * 0.002)
+            held = max(held, jb.held)
+            if i % 10 == 0:
+                pulled += jb.pull(960) is not None
+            if i in (2_000, 20_000):
+                sizes.append(tracemalloc.get_traced_memory()[0])
+    finally:
+        tracemalloc.stop()
+    assert held <= 2, held
+    assert sizes[1] - sizes[0] < 64 << 10, sizes  # 18,000 more packets: no more memory
+    assert pulled == 2000  # never waiting: each pull has its turn
+    # 2.5 ms packets (120 samples at 48 kHz), 400 of them in a row and nothing pulled
+    short = libopus.Encoder(48000).encode(np.zeros(120, np.float32))
+    jb = JitterBuffer(libopus.Decoder(48000))
+    for i in range(400):
+        jb.push(i, i * 120, short, i * 0.0025)
+        assert jb.held <= MAX_PACKETS
+
+
+def test_the_jitter_buffer_after_a_long_stall_plays_what_comes():
+    """Two seconds with no packet (more than the buffer ever holds ahead), then the stream
+    goes on from where its sender is now: it is played at once, not concealed turn by turn
+    for the two seconds missed."""
+    _, packets = _packets(4.0)
+    jb = JitterBuffer(libopus.Decoder(48000))
+    for seq in range(50):
+        jb.push(seq, seq * 960, packets[seq], seq * 0.02)
+        if seq >= 1:
+            jb.pull(960)
+    for _ in range(100):  # the stall: the clock goes on, concealing
+        jb.pull(960)
+    assert jb.stats.underruns >= 98
+    played = jb.stats.played
+    for seq in range(150, 160):
+        jb.push(seq, seq * 960, packets[seq], seq * 0.02)
+        jb.pull(960)
+    assert jb.stats.played >= played + 8  # the new packets, each in its turn
+    assert jb.held <= 2

@@ -16,7 +16,13 @@ The clock never waits on the network. Each pull takes the next packet by sequenc
 
 and the buffer shrinks back: when for a whole second it never held less than its target plus
 a packet, its oldest packet is discarded; when it holds more than SNAP_MS over its target (a
-burst after a stall), the oldest are discarded at once down to the target. The target follows
+burst after a stall), the oldest are discarded at once down to the target.
+
+What it holds is bounded whatever the caller sends: a packet more than MAX_AHEAD_MS ahead of
+the playout point means the stream jumped (a stall longer than that, or a caller skipping
+sequence numbers): the playout point moves up to it and what was held before it is discarded,
+so a packet is never kept that its turn would not come for; and past MAX_PACKETS held (a caller
+of very short packets) the oldest go. The target follows
 the measured interarrival jitter (RFC 3550's estimate). Every outcome is counted
 (`JitterStats`), so /metrics and the session's stats say what the network did to a call and
 what the model heard instead.
@@ -38,6 +44,8 @@ START_MS = 40.0  # buffered before the first pull plays, while the jitter is not
 SHRINK_WINDOW_MS = 1000.0  # a depth held this long above the target is latency to give back
 SNAP_MS = 100.0  # this much over the target is given back at once
 RESYNC_PACKETS = 1000  # a jump this far in sequence is a new stream, not loss
+MAX_AHEAD_MS = 1000.0  # a packet further ahead of the playout point: the stream jumped to it
+MAX_PACKETS = 128  # held at once, whatever their length (1 s of 7.5 ms packets)
 MAX_GAP_MS = 1000.0  # a timestamp gap (the sender's DTX) is filled with at most this much
 
 
@@ -117,7 +125,12 @@ class JitterBuffer:
             return
         if not payload:
             return  # an empty payload (keep-alive): nothing to play
+        point = self._expected if self._expected is not None else min(self._packets, default=ext)
+        if (ext - point) * self._packet_ms > MAX_AHEAD_MS:
+            self._jump(ext)
         self._packets[ext] = (timestamp, payload)
+        while len(self._packets) > MAX_PACKETS:
+            self._jump(min(self._packets) + 1)
         if self._highest is None or ext > self._highest:
             self._highest = ext
             self._update_jitter(arrival, timestamp)
@@ -148,8 +161,27 @@ class JitterBuffer:
             return
         first = self._expected if self._expected is not None else min(self._packets, default=0)
         packets = max(0, self._highest - first + 1) if self._packets else 0
-        ms = 1000.0 * self._packet_samples / self.rate
-        self.stats.depth_ms = packets * ms + 1000.0 * self._filled / self.rate
+        self.stats.depth_ms = packets * self._packet_ms + 1000.0 * self._filled / self.rate
+
+    @property
+    def _packet_ms(self) -> float:
+        return 1000.0 * self._packet_samples / self.rate
+
+    @property
+    def held(self) -> int:
+        """Packets waiting for their turn."""
+        return len(self._packets)
+
+    def _jump(self, ext: int) -> None:
+        """The playout point moves up to `ext`: the packets held before it are discarded, the
+        turns between were never there (no loss to conceal: they are not played)."""
+        for q in [q for q in self._packets if q < ext]:
+            del self._packets[q]
+            self.stats.discarded += 1
+        if self._expected is not None and self._expected < ext:
+            self._expected = ext
+            self._next_ts = None  # the time jumped over is not a gap to fill
+            self._owed = 0
 
     def _restart(self) -> None:
         self._packets.clear()
@@ -250,7 +282,7 @@ class JitterBuffer:
 
     def _maybe_shrink(self, ms: float) -> None:
         s = self.stats
-        packet_ms = 1000.0 * self._packet_samples / self.rate
+        packet_ms = self._packet_ms
         while s.depth_ms > s.target_ms + SNAP_MS and self._expected in self._packets:
             self._discard()
         self._window_min_ms = min(self._window_min_ms, s.depth_ms)
