@@ -428,8 +428,8 @@ def test_simulated_gpu_the_engine_cache_is_keyed_per_graph_and_pruned(downloaded
     graph's engine is built again, the others are found as they were, and the old encoder's
     engine is removed, said. A second model directory with the same graphs shares their
     engines; once it is gone, the engine only it used goes at the next build, and the ones the
-    first model still uses stay. The layout before (engines keyed by the whole manifest) goes
-    at the first build."""
+    first model still uses stay. Once the model has builds of a newer TensorRT, the older ones
+    go. The layout before (engines keyed by the whole manifest) goes at the first build."""
     import shutil
 
     from personaplex_edge.runtime.backends import load_graphs
@@ -479,6 +479,13 @@ def test_simulated_gpu_the_engine_cache_is_keyed_per_graph_and_pruned(downloaded
     assert _graphs_of(cache) == sorted(names)
     assert start(model)[0] == []  # what is left is what the model uses
     assert [p.name for p in _cached_engines(tmp_path)] == [cache.name]
+
+    trt.__version__ = "10.999.1.simulated"  # TensorRT upgraded: the older builds go
+    built, said = start(model)
+    assert sorted(built) == sorted(names)
+    assert said.count(f"of {model.resolve()} for this GPU") == 4, said
+    assert [p.name for p in _cached_engines(tmp_path)] == [
+        cache.name.replace("10.999.0", "10.999.1")]
 
 
 def test_simulated_gpu_engines_command_on_a_read_only_directory_writes_the_user_cache(

@@ -245,7 +245,7 @@ def prune(progress: Callable[[str], None] | None = print) -> list[str]:
             reason = users.why_not(user, graph, key)
             if reason is None and newest.get((_gpu_of(path.parent), graph, key, user),
                                              path) != path:
-                reason = f"{user} has a newer build of {graph} for this GPU"
+                reason = f"a newer build of {graph} of {user} for this GPU"
             (why if reason else kept).append(reason or user)
         if kept:
             if len(kept) < len(record.get("used_by") or []):
