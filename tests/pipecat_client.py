@@ -18,8 +18,8 @@ import sys
 
 from client_wait import until_quiet
 from pipecat.frames.frames import (EndFrame, ErrorFrame, InputAudioRawFrame,
-                                   InterimTranscriptionFrame, TextFrame, TranscriptionFrame,
-                                   TTSAudioRawFrame)
+                                   InterimTranscriptionFrame, StartFrame, TextFrame,
+                                   TranscriptionFrame, TTSAudioRawFrame)
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.workers.runner import WorkerRunner
 from pipecat.pipeline.worker import PipelineWorker
@@ -31,15 +31,19 @@ FRAME_BYTES = 3840  # 80 ms of PCM16 at 24 kHz
 
 
 class Tap(FrameProcessor):
-    """Counts what passes, in both directions, and lets everything through."""
+    """Counts what passes, in both directions, and lets everything through; `started` is set
+    when the pipeline's StartFrame has come this far."""
 
-    def __init__(self, seen: dict):
+    def __init__(self, seen: dict, started: asyncio.Event | None = None):
         super().__init__()
         self.seen = seen
+        self.started = started
 
     async def process_frame(self, frame, direction: FrameDirection):
         await super().process_frame(frame, direction)
-        if isinstance(frame, ErrorFrame):
+        if isinstance(frame, StartFrame) and self.started is not None:
+            self.started.set()
+        elif isinstance(frame, ErrorFrame):
             self.seen["errors"].append(str(frame.error))
         elif isinstance(frame, InterimTranscriptionFrame):
             self.seen["interim"].append(frame.text)
@@ -63,12 +67,16 @@ async def main(url: str, speech: bytes, seconds: float, hear: bool = False) -> d
             input=events.AudioInput(transcription=events.InputAudioTranscription())))
     llm = OpenAIRealtimeLLMService(api_key="not-needed", base_url=url,
                                    session_properties=properties)
-    worker = PipelineWorker(Pipeline([Tap(seen), llm, Tap(seen)]), idle_timeout_secs=None)
+    # the service passes the StartFrame on once it has connected (its start() opens the
+    # WebSocket): audio queued before that would not reach the server
+    connected = asyncio.Event()
+    worker = PipelineWorker(Pipeline([Tap(seen), llm, Tap(seen, connected)]),
+                            idle_timeout_secs=None)
     runner = WorkerRunner(handle_sigint=False)
     await runner.add_workers(worker)
 
     async def microphone():
-        await asyncio.sleep(0.5)  # the service connects on the pipeline's start
+        await asyncio.wait_for(connected.wait(), 60)  # the service connected
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         for i in range(int(seconds * 12.5)):
