@@ -166,16 +166,18 @@ async def call(url: str, pcm24: np.ndarray, *, token: str | None = None,
                send_update: dict | None = None, hang_up: str = "close",
                headers: dict | None = None, offer_filter=None,
                first_audio: asyncio.Event | None = None,
-               stop: asyncio.Event | None = None) -> CallResult:
+               stop: asyncio.Event | None = None,
+               ignore_message_limit: bool = False) -> CallResult:
     """One call: offers an Opus track (and the `oai-events` channel, unless `channel` is
     False), posts the offer (application/sdp, or a multipart form with `session`), streams
     `pcm24` at real-time pace and then `tail_s` of silence, records every event and the
     answer's audio (decoded by libopus at 24 kHz), then hangs up (`close`: the peer connection
     closes; `delete`: DELETE on the call, then close; `vanish`: the client stops answering
     anything, as a peer whose network went away). `offer_filter(sdp) -> sdp` edits the offer;
-    `send_at`: (seconds after connecting, event) sent on the channel; `first_audio` is set when
+    `send_at`: (seconds after the channel opened, event) sent on it; `first_audio` is set when
     the answer's first packet arrives; the call hangs up early once `stop` is set. A call the
-    server ends returns at once."""
+    server ends returns at once. `ignore_message_limit`: a client that sends messages over the
+    answer's max-message-size (aiortc itself refuses to)."""
     import aiohttp
     from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
     from aiortc.sdp import SessionDescription
@@ -188,15 +190,18 @@ async def call(url: str, pcm24: np.ndarray, *, token: str | None = None,
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     track, packets = speech_track(pcm24, res)
     pc.addTrack(track)
-    opened = asyncio.Event()
     if channel:
         dc = pc.createDataChannel("oai-events")
 
         @dc.on("open")
         def on_open() -> None:
-            opened.set()
+            if ignore_message_limit:  # the answer's limit, read as SCTP started
+                pc.sctp._remote_max_message_size = None
             if send_update is not None:
                 dc.send(json.dumps({"type": "session.update", "session": send_update}))
+            for delay, event in send_at:  # events at their moments after the channel opened
+                asyncio.get_running_loop().call_later(
+                    delay, lambda e=event: dc.readyState == "open" and dc.send(json.dumps(e)))
 
         @dc.on("message")
         def on_message(message) -> None:
@@ -260,9 +265,6 @@ async def call(url: str, pcm24: np.ndarray, *, token: str | None = None,
         if loss or jitter_ms or blackout:
             lossy(sender.transport, loss, jitter_ms, random.Random(seed), res, blackout)
         await asyncio.wait_for(connected.wait(), 10)
-        for delay, event in send_at:  # events at their moments, once the channel is open
-            asyncio.get_running_loop().call_later(
-                delay, lambda e=event: opened.is_set() and dc.send(json.dumps(e)))
         deadline = time.perf_counter() + packets * PACKET / CALL_RATE + tail_s
         while time.perf_counter() < deadline and not ended.is_set() and \
                 not (stop is not None and stop.is_set()):

@@ -745,3 +745,74 @@ def test_the_jitter_buffer_after_a_long_stall_plays_what_comes():
         jb.pull(960)
     assert jb.stats.played >= played + 8  # the new packets, each in its turn
     assert jb.held <= 2
+
+
+# -- the data channel's limits ---------------------------------------------------------------------
+def test_a_message_over_the_advertised_size_ends_the_call_unread(srv, monkeypatch):
+    """The answer allows messages of 262144 bytes (a=max-message-size); a client that sends
+    3 MB anyway (aiortc's own check lifted): no message over the limit ever reaches the
+    protocol's parser (it would block the event loop every call shares), the server holds no
+    more than the limit of it, and the call ends with an error event that says why. A message
+    just inside the limit, sent first, is read."""
+    from personaplex_edge.runtime.serve import webrtc_call
+
+    read = []
+    receive = webrtc_call.CallWire.receive
+
+    def reading(self, session, data):
+        read.append(len(data))
+        return receive(self, session, data)
+
+    monkeypatch.setattr(webrtc_call.CallWire, "receive", reading)
+    fits = {"type": "conversation.item.retrieve", "item_id": "x" * (262144 - 100)}
+    too_big = {"type": "conversation.item.retrieve", "item_id": "x" * 3_000_000}
+    res = asyncio.run(call(srv.url, speech(20.0), token=TOKEN, tail_s=0.0,
+                           ignore_message_limit=True, send_at=((0.0, fits), (0.2, too_big))))
+    settle(srv)
+    assert res.status == 201 and "a=max-message-size:262144" in res.answer_sdp
+    assert read and 262144 - 100 < max(read) <= 262144, read
+    errors = [e["error"] for e in res.events if e["type"] == "error"]
+    assert errors and "a=max-message-size" in errors[-1]["message"], res.events[-3:]
+    assert srv.history()[-1]["protocol"] == "webrtc"
+    assert len(res.sent_at) < 20 * 50  # the server ended it, long before its speech did
+
+
+def test_the_events_waiting_to_be_read_are_counted_in_bytes():
+    """A burst of a thousand small events waits to be read (a count of 256 cut such a client
+    off); five of the largest a channel carries end the session."""
+    from personaplex_edge.runtime.serve.webrtc_call import MAX_INBOX_BYTES, CallTransport
+    from personaplex_edge.runtime.serve.webrtc_channel import MAX_MESSAGE_BYTES
+
+    class Channel:
+        readyState = "open"
+
+        def __init__(self):
+            self.handlers = {}
+
+        def on(self, name, handler=None):
+            if handler is None:
+                return lambda h: self.handlers.setdefault(name, h)
+            self.handlers[name] = handler
+
+    class Ends:
+        ended = None
+
+        def end(self, reason, code):
+            self.ended = reason
+
+    class Owner:
+        session, wire, closing = Ends(), type("W", (), {"heard": lambda self: None})(), False
+
+    async def burst(messages):
+        owner = Owner()
+        transport = CallTransport(owner, expect_channel=True)
+        channel = Channel()
+        transport.attach(channel)
+        for message in messages:
+            channel.handlers["message"](message)
+        return owner.session.ended, transport
+
+    ended, transport = asyncio.run(burst(['{"type":"response.create"}'] * 1000))
+    assert ended is None and transport._inbox.qsize() == 1000
+    ended, _ = asyncio.run(burst(["x" * MAX_MESSAGE_BYTES] * 5))
+    assert ended is not None and str(MAX_INBOX_BYTES) in ended

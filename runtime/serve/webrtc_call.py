@@ -34,6 +34,7 @@ from .realtime import RealtimeSession, RealtimeWire
 from .realtime_events import EventError, new_id, parse_session_update
 from .session import ClientError
 from .state import ServerState
+from .webrtc_channel import MAX_MESSAGE_BYTES, cap_messages
 from .webrtc_media import AnswerTrack, RtpIn, tap_rtp
 from .webrtc_offer import Offer, OfferError
 
@@ -45,7 +46,9 @@ CHANNEL_WAIT_S = 2.0  # connected -> the events channel open, or the call goes o
 PEER_GONE_S = 3.0  # no RTP for this long: the peer is gone
 CLOSE_TIMEOUT_S = 2.0
 STATS_INTERVAL_S = 1.0
-MAX_INBOX = 256  # events from the client waiting to be read
+# bytes of the client's events waiting to be read (four messages of the largest the answer
+# allows: webrtc_channel.py)
+MAX_INBOX_BYTES = 4 * MAX_MESSAGE_BYTES
 MAX_BUFFERED_BYTES = 1 << 20  # events queued on a channel its peer does not read
 
 
@@ -140,6 +143,7 @@ class CallTransport(Transport):
         self.channel = None
         self.may_get_events = expect_channel
         self._inbox: asyncio.Queue = asyncio.Queue()
+        self._inbox_bytes = 0
         self._open = asyncio.Event()
         if not expect_channel:
             self._open.set()
@@ -151,10 +155,12 @@ class CallTransport(Transport):
 
         @channel.on("message")
         def on_message(message) -> None:
-            if self._inbox.qsize() >= MAX_INBOX:
+            if self._inbox_bytes + len(message) > MAX_INBOX_BYTES:
                 self.call.session.end(f"the client sends events faster than they are read "
-                                      f"({MAX_INBOX} wait)", WSCloseCode.POLICY_VIOLATION)
+                                      f"(over {MAX_INBOX_BYTES} bytes wait)",
+                                      WSCloseCode.POLICY_VIOLATION)
                 return
+            self._inbox_bytes += len(message)
             self._inbox.put_nowait(message)
 
         if channel.readyState == "open":
@@ -185,7 +191,9 @@ class CallTransport(Transport):
     async def messages(self) -> AsyncIterator[str | bytes]:
         # a call ends by its connection (or a hang-up), not by its channel: never by running dry
         while True:
-            yield await self._inbox.get()
+            message = await self._inbox.get()
+            self._inbox_bytes -= len(message)
+            yield message
 
     async def send(self, message: str | bytes) -> None:
         await self.opened()
@@ -261,6 +269,8 @@ class Call:
             try:
                 await pc.setRemoteDescription(RTCSessionDescription(
                     reachable_candidates(self.offer.sdp, ice), "offer"))
+                if pc.sctp is not None:  # the events' channel: its messages as advertised
+                    cap_messages(pc.sctp, MAX_MESSAGE_BYTES, self._message_too_long)
                 for transceiver in pc.getTransceivers():
                     if transceiver is not audio:  # a camera, a second microphone: not heard
                         transceiver.direction = "inactive"
@@ -327,6 +337,11 @@ class Call:
             if time.monotonic() - last > PEER_GONE_S:
                 self.fail("peer_gone", f"the peer is gone: no audio for {PEER_GONE_S:.0f} s")
                 return
+
+    def _message_too_long(self, waiting: int) -> None:
+        self.session.end(f"the client sent a data channel message over {MAX_MESSAGE_BYTES} "
+                         f"bytes ({waiting} waited for the rest), the most this call's answer "
+                         "allows (a=max-message-size)", WSCloseCode.MESSAGE_TOO_BIG)
 
     def fail(self, reason: str, message: str) -> None:
         if self.closing or self.session.ended.done():
