@@ -6,8 +6,9 @@
 #
 # It exports tiny and mid-size random models, builds their TensorRT engines, compares greedy
 # tokens with onnxruntime on the CPU and prints ms per frame for each backend and precision.
-# On an RTX card (GeForce RTX 20-50, RTX PRO, DGX Spark) the engines are TensorRT for RTX's
-# (installed from PyPI, compiled for the card when loaded); elsewhere mainline TensorRT's.
+# On an RTX card (GeForce RTX 30-50, RTX PRO, DGX Spark) the engines are TensorRT for RTX's
+# (installed from PyPI, compiled for the card when loaded); elsewhere mainline TensorRT's - an
+# RTX 20 (Turing) card too: TensorRT for RTX has no float32 matrix products there.
 # GPU_CHECK_LIBRARY=rtx or =tensorrt chooses instead.
 #
 # It probes the network first. Without one (no PyPI: nothing can be installed) it runs the
@@ -72,7 +73,7 @@ GPU_CC=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | 
 LIBRARY=${GPU_CHECK_LIBRARY:-}
 if [ -z "$LIBRARY" ]; then  # TensorRT for RTX: RTX cards of its compute capabilities
     case "$GPU_CC/$GPU_NAME" in
-    7.5/*RTX* | 8.6/*RTX* | 8.9/*RTX* | 12.0/*RTX* | 12.1/*) LIBRARY=rtx ;;
+    8.6/*RTX* | 8.9/*RTX* | 12.0/*RTX* | 12.1/*) LIBRARY=rtx ;;
     *) LIBRARY=tensorrt ;;
     esac
 fi

@@ -24,6 +24,10 @@ benchmarks/lm_probe.open_lm):
     trt-graph   the product path: helium + depformer chained on the device and replayed as CUDA
                 graphs per frame (runtime/lm_frame.DeviceLinkedLM)
 
+The tiny float32 TensorRT model is also started as downloaded, without engines: they are built
+on first use into the per-user cache, keyed per graph, and one graph changed rebuilds its
+engine alone (scripts/gpu/cache_check.py).
+
 A GPU machine without a network (no TensorRT or onnxruntime-gpu to install) runs
 scripts/gpu/gpu_bare_check.py instead; scripts/gpu_check.sh chooses. An offline machine with
 torch but no onnxruntime-gpu gets it carried in pieces: scripts/gpu/ort_gpu_check.sh runs this
@@ -608,6 +612,13 @@ def main() -> None:
                         continue
                     STAGES.run(f"tiny codec: {b}", lambda: time_codec("tiny fp32", model, b),
                                15, gpu=b != "ort-cpu")
+                ref = next((t["tokens"] for t in TIMINGS if t.get("model") ==
+                            "tiny fp32-tensorrt" and "tokens" in t), None)
+                if have_trt and ref is not None:
+                    from cache_check import first_use
+
+                    STAGES.run("tiny fp32: engines on first use (the per-user cache, keyed per "
+                               "graph)", lambda: first_use(model, root, user, ref), 30, gpu=True)
     report(bytes_mid)
     if args.json or os.environ.get("OUT"):
         path = Path(args.json or Path(os.environ["OUT"]) / "gpu_check.json")
