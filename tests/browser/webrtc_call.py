@@ -130,9 +130,13 @@ async def scene(srv, seconds: float, code: str = QUICKSTART) -> dict:
                                     "base": json.dumps(srv.url + "v1/realtime/calls")})
         await page.wait_for("window.rtc.error || (window.rtc.pc && "
                             "window.rtc.pc.connectionState === 'connected')", timeout=20)
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < seconds:
-            await asyncio.sleep(0.5)
+        # the call talks until the browser has heard `seconds` of the answer (its own stats,
+        # 48 kHz), however long a busy machine takes to get there; the test judges what it heard
+        try:
+            await page.wait_for(f"window.rtc.error || ({HEARD}).then((h) => h.samples >= "
+                                f"{seconds} * 48000)", timeout=seconds + 60)
+        except TimeoutError:
+            pass
         heard = await page.evaluate(HEARD)
         personas = [[s.params.persona.voice, s.params.persona.text_prompt]
                     for s in list(srv.state.sessions) if s.params]
@@ -142,7 +146,7 @@ async def scene(srv, seconds: float, code: str = QUICKSTART) -> dict:
                                   "callId: rtc.callId})")
         await page.evaluate("rtc.pc.close()")  # hang up, as a page does
         t0 = time.monotonic()
-        wait_until(lambda: srv.state.slots_used == 0, 5)
+        wait_until(lambda: srv.state.slots_used == 0, 60)
         freed = time.monotonic() - t0
         return {"heard": heard, "personas": personas, "freed_s": freed,
                 "console": page.console[-20:], **rtc}
@@ -166,7 +170,7 @@ async def page_scene(srv, seconds: float) -> dict:
                                    "document.getElementById('text').textContent})")
         await page.evaluate("document.getElementById('connect').click()")  # Stop
         t0 = time.monotonic()
-        wait_until(lambda: srv.state.slots_used == 0, 5)
+        wait_until(lambda: srv.state.slots_used == 0, 60)
         return {"page": both["state"], "shown": both["shown"], "voices": voices,
                 "freed_s": time.monotonic() - t0, "console": page.console[-20:]}
 
