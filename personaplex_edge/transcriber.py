@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 
 from .config import HeliumConfig
 from .errors import ConfigError
+from .streams import TEXT_EPAD, TEXT_PAD
 
 STT_MODEL_TYPE = "stt"
 # the 1B's semantic VAD: Kyutai's Unmute ends the user's turn when the 2 s head's probability
@@ -86,8 +87,10 @@ class TranscriberConfig:
     vad_classes: int = 6  # extra_heads_dim
     audio_delay_seconds: float = 0.5  # stt_config: its text runs this far behind the audio
     audio_silence_prefix_seconds: float = 0.0  # stt_config: silence its reference feeds first
-    text_padding_id: int = 3  # existing_text_padding_id: "nothing this frame"
-    end_of_padding_id: int = 0  # existing_text_end_padding_id: "a word starts next frame"
+    # existing_text_padding_id / existing_text_end_padding_id: PAD ("nothing this frame") and
+    # EPAD ("a word starts next frame"), PersonaPlex's own unless the checkpoint says otherwise
+    text_padding_id: int = TEXT_PAD
+    end_of_padding_id: int = TEXT_EPAD
     tokenizer: str | None = None  # its SentencePiece model, a file of the model directory
     source: str = ""  # the checkpoint it was exported from, for the user's information
     source_revision: str | None = None
@@ -230,6 +233,6 @@ class TranscriberConfig:
                    text_embedding_rows=text_card + 1, audio_vocab_size=card,
                    num_audio_codebooks=n_q, vad_heads=vad_heads, vad_classes=vad_classes,
                    audio_delay_seconds=float(delay), audio_silence_prefix_seconds=float(prefix),
-                   text_padding_id=int(raw.get("existing_text_padding_id", 3)),
-                   end_of_padding_id=int(raw.get("existing_text_end_padding_id", 0)),
+                   text_padding_id=int(raw.get("existing_text_padding_id", TEXT_PAD)),
+                   end_of_padding_id=int(raw.get("existing_text_end_padding_id", TEXT_EPAD)),
                    lm_gen_config=dict(gen))

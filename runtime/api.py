@@ -275,7 +275,9 @@ class Conversation:
         """A whole recording in, the model's answer out - exactly what `personaplex-edge run`
         writes for it: the input's length, time-aligned with it, and one text record per
         frame. say: (seconds, text) pairs, each text said from the step at that time into the
-        recording (`run --say TEXT --say-at SECONDS`); times past its end are not reached."""
+        recording (`run --say TEXT --say-at SECONDS`); times past its end are not reached.
+        With a transcriber the recording is the user's whole input: its last words are heard
+        to the end and its turn ends (flush_heard)."""
         built = ResponseBuilder(self._signal(pcm, sample_rate), self.frame_size, self.model.text,
                                 heard_text=self.model.loaded.heard_text)
         plan = SayPlan(say, self.sample_rate / self.frame_size)
@@ -287,7 +289,10 @@ class Conversation:
                 self._pieces.append(piece)
             if self.core.transcribing:
                 events = [] if kept is not None else self.core.heard_events()
-                built.hear(self.core.heard_token, events)
+                built.hear([self.core.heard_token], events)
+        if self.core.transcribing:
+            tokens = self.core.flush_heard(built.padding)
+            built.hear(tokens, [] if kept is not None else self.core.heard_events())
         return built.response()
 
     # -- words the app decides ------------------------------------------------------------------
@@ -353,6 +358,17 @@ class Conversation:
         push-to-talk button): the "turn" event follows once the last words are written
         (about half a second). Without VAD heads this is how turns end early."""
         self.core.end_turn()
+
+    def flush_heard(self, padding: int = 0) -> None:
+        """The user's input is over (a file streamed to its end): the transcriber hears the
+        silence moshi's STT inference pads after an input, so the words still inside its
+        delay are written, and the turn ends; the model's answer is not stepped. `respond()`
+        does it itself. `padding`: samples of silence the last frame was padded with.
+
+            >>> for pcm_out, text in conv.stream(pe.read_audio("question.wav")): ...
+            >>> conv.flush_heard()
+        """
+        self.core.flush_heard(padding)
 
     @property
     def on_heard(self) -> Callable[[Heard], None] | None:

@@ -209,6 +209,22 @@ class Conversation:
             if self.group.transcriber is not None:
                 self.group.transcriber.streams[self.row].close_turn()
 
+    def flush_heard(self, padding: int = 0) -> list[int]:
+        """The user's input is over (a recording's end, stdin's): the transcriber steps on the
+        silence moshi's STT inference pads after an input, so the words still inside its delay
+        are written, and the turn ends (runtime/transcriber.py). PersonaPlex is not stepped.
+        `padding`: samples of silence the input's last frame was padded with. -> the
+        transcriber's token of each silent frame ([] without one)."""
+        self.check_open()
+        transcriber = self.group.transcriber
+        if transcriber is None:
+            return []
+        with self.group.lock:
+            tokens = transcriber.flush(self.row, padding, self.group.encoder)
+            self._collect()
+        self._hand_over()
+        return tokens
+
     def heard_events(self) -> list[Heard]:
         """What the user said since the last call (when no on_heard takes it): pieces, timed
         words, turn ends (runtime/heard.py)."""

@@ -47,7 +47,8 @@ class LoadedModel:
         self.runs_on = sorted({g.runs_on for g in self.graphs.values()})
         self._text = TextTokenizer(model_dir, manifest) if manifest.tokenizer else None
         self.heard_text = None if self.transcriber is None else TextTokenizer(
-            model_dir, manifest, self.transcriber.tokenizer)
+            model_dir, manifest, self.transcriber.tokenizer, self.transcriber.text_padding_id,
+            self.transcriber.end_of_padding_id)
         mimi = self.config.mimi_config
         self.frame_size, self.sample_rate = mimi.samples_per_frame, mimi.sample_rate
         self.context = self.config.temporal_config.max_position_embeddings

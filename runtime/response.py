@@ -1,7 +1,10 @@
 """A whole recording's answer, as `personaplex-edge run` writes it: the recording cut into
 frames (the last padded with silence), one model step per frame, the answers joined and cut
 back to the recording's length (so the answer is time-aligned with it), and one text record
-per frame. `Conversation.respond` steps one recording; `batch` steps many side by side."""
+per frame. With a transcriber, what the user said too: its record of every frame, then of the
+silent frames it steps after the recording to write the words still inside its delay (as
+moshi's STT inference pads an input; PersonaPlex's answer is not stepped on them).
+`Conversation.respond` steps one recording; `batch` steps many side by side."""
 
 from __future__ import annotations
 
@@ -25,7 +28,8 @@ class Response:
     text: str  # what the model said
     records: list[str] = field(default_factory=list)  # per frame: the piece, "PAD" or "EPAD"
     # what the user said, heard by the model's transcriber (empty without one): the text, the
-    # transcriber's record per frame (as `records`; `run --user-text-out`), its words and turns
+    # transcriber's record per frame (as `records`: the recording's frames, then the silent
+    # ones it steps after it; `run --user-text-out`), its words
     heard: str = ""
     heard_records: list[str] = field(default_factory=list)
     heard_words: list[Heard] = field(default_factory=list)
@@ -51,6 +55,16 @@ class ResponseBuilder:
         self._heard = None if heard_text is None else Transcript(heard_text, records=True)
         self._heard_words: list[Heard] = []
 
+    @property
+    def padding(self) -> int:
+        """Samples of silence the last frame was padded with."""
+        return self.frames * self.frame_size - self.samples
+
+    @property
+    def hearing(self) -> bool:
+        """Whether the user's words are kept (the model has a transcriber)."""
+        return self._heard is not None
+
     def frame(self, i: int) -> np.ndarray:
         return frame_at(self._input, i, self.frame_size)
 
@@ -63,10 +77,12 @@ class ResponseBuilder:
             self._emitted.append(emitted.copy())
         return self._said.add(token)
 
-    def hear(self, token: int | None, events: list[Heard]) -> None:
-        """Step i's transcriber token and the events it completed (words, turns)."""
+    def hear(self, tokens: list[int | None], events: list[Heard]) -> None:
+        """The transcriber's tokens of a step (one) or of the silence after the recording
+        (Conversation.flush_heard), and the events they completed (words, turns)."""
         if self._heard is not None:
-            self._heard.add(token)
+            for token in tokens:
+                self._heard.add(token)
             self._heard_words += [e for e in events if e.kind == "word"]
 
     def response(self) -> Response:

@@ -24,7 +24,9 @@ the kind byte and the payload), with the kinds of the WebSocket protocol (messag
 
 At EOF the samples of a last partial frame are padded with silence and answered, so the answer
 to N samples is ceil(N / 1920) frames whose first N samples are `run`'s answer to the same
-audio. Only messages go to stdout; logs go to stderr.
+audio; then, with a transcriber, the user's last words (those still inside its delay) and the
+turn's end come as HEARD messages, as `run --user-text-out` hears them. Only messages go to
+stdout; logs go to stderr.
 
 Lossless by default: the process reads the next message only after answering the frames of the
 last one, so a fast writer is held back by the pipe. With `max_backlog_frames` (live audio) a
@@ -105,8 +107,16 @@ def write_message(stream: BinaryIO, kind: Kind, payload: bytes = b"") -> None:
 Handler = Callable[[bytes], None]
 
 
+class _Input:
+    """What stdin held at its end: how many samples of silence its last frame was padded
+    with (the transcriber's flush counts from it)."""
+
+    padding = 0
+
+
 def _frames_lossless(stdin: BinaryIO, framer: PcmFrames, pong: Handler, say: Handler,
-                     hear: Handler = lambda payload: None) -> Iterator:
+                     hear: Handler = lambda payload: None,
+                     ended: _Input | None = None) -> Iterator:
     """Frames in the order stdin brings them, read only when the last ones are answered."""
     while (message := read_message(stdin)) is not None:
         kind, payload = message
@@ -118,8 +128,11 @@ def _frames_lossless(stdin: BinaryIO, framer: PcmFrames, pong: Handler, say: Han
             hear(payload)
         else:
             yield from framer.feed(payload)[0]
+    waiting = framer.pending_samples
     last = framer.flush()
     if last is not None:
+        if ended is not None:
+            ended.padding = framer.frame_size - waiting
         yield last
 
 
@@ -128,11 +141,11 @@ class _LiveReader:
     `max_backlog` frames); frames() gives them to the conversation as they are ready."""
 
     def __init__(self, stdin: BinaryIO, framer: PcmFrames, max_backlog: int, pong: Handler,
-                 say: Handler, hear: Handler):
+                 say: Handler, hear: Handler, ended: _Input):
         self._ready = threading.Condition()
         self.backlog = FrameBacklog(max_backlog, self._notify)
         self._stdin, self._framer, self._pong, self._say = stdin, framer, pong, say
-        self._hear = hear
+        self._hear, self._ended = hear, ended
         self._done = False
         self.error: BaseException | None = None
         threading.Thread(target=self._read, name="personaplex-stdio-reader", daemon=True).start()
@@ -144,7 +157,7 @@ class _LiveReader:
     def _read(self) -> None:
         try:
             for frame in _frames_lossless(self._stdin, self._framer, self._pong, self._say,
-                                          self._hear):
+                                          self._hear, self._ended):
                 self.backlog.push(frame)
         except BaseException as e:  # noqa: BLE001 - handed to the conversation's thread
             self.error = e
@@ -205,11 +218,11 @@ def run_stdio(conv, stdin: BinaryIO, stdout: BinaryIO, max_backlog_frames: int |
     framer = PcmFrames(conv.frame_size)
     pong = lambda payload: send(Kind.PING, payload)  # noqa: E731
     send(Kind.HANDSHAKE)
-    reader = None
+    reader, ended = None, _Input()
     if max_backlog_frames is None:
-        frames = _frames_lossless(stdin, framer, pong, say, hear)
+        frames = _frames_lossless(stdin, framer, pong, say, hear, ended)
     else:
-        reader = _LiveReader(stdin, framer, max_backlog_frames, pong, say, hear)
+        reader = _LiveReader(stdin, framer, max_backlog_frames, pong, say, hear, ended)
         frames = reader.frames()
     answered = 0
     for pcm_out, text in conv.stream(frames):
@@ -220,7 +233,9 @@ def run_stdio(conv, stdin: BinaryIO, stdout: BinaryIO, max_backlog_frames: int |
             word_events()
             stdout.flush()
         answered += 1
-    with lock:  # a cancel after the last frame
+    if conv.transcribing:  # the input is over: the user's last words, and the turn's end
+        conv.flush_heard(ended.padding)
+    with lock:  # and a cancel after the last frame
         word_events()
         stdout.flush()
     if reader is not None and reader.backlog.dropped:

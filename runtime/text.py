@@ -16,9 +16,13 @@ _WORD_START = "\u2581"  # SentencePiece's marker of a piece that starts a word
 
 
 class TextTokenizer:
-    def __init__(self, model_dir: str | Path, manifest: Manifest, file: str | None = None):
-        """The model's tokenizer, or the one `file` names (the transcriber's)."""
+    def __init__(self, model_dir: str | Path, manifest: Manifest, file: str | None = None,
+                 pad: int = TEXT_PAD, epad: int = TEXT_EPAD):
+        """The model's tokenizer, or the one `file` names (the transcriber's, with the padding
+        ids its config gives)."""
         import sentencepiece as spm
+
+        self.pad, self.epad = pad, epad  # "nothing this frame", "a word starts next frame"
 
         file = file or manifest.tokenizer
         if file is None:
@@ -34,15 +38,15 @@ class TextTokenizer:
     def piece(self, token: int | None) -> str:
         """The text a token adds to the transcript ('' for padding, None and ids the tokenizer
         lacks); SentencePiece's word marker becomes a space, as the protocol sends it."""
-        if token is None or token in (TEXT_PAD, TEXT_EPAD) or not 0 <= token < self.size:
+        if token is None or token in (self.pad, self.epad) or not 0 <= token < self.size:
             return ""
         return self.sp.id_to_piece(token).replace(_WORD_START, " ")
 
     def record(self, token: int | None) -> str:
         """One entry of the offline tool's per-frame JSON: "PAD", "EPAD" or the piece."""
-        if token is None or token == TEXT_PAD:
+        if token is None or token == self.pad:
             return "PAD"
-        if token == TEXT_EPAD:
+        if token == self.epad:
             return "EPAD"
         return self.piece(token)
 
@@ -73,7 +77,6 @@ class Transcript:
     @property
     def text(self) -> str:
         return "".join(self.pieces).strip()
-
 
 
 def write_records(path: str | Path, records: list[str]) -> None:

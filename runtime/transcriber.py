@@ -19,6 +19,11 @@ chose last - and the HeardStream that turns its tokens into words and turns (hea
     step(rows, codes) codes [B, >= n_q] -> per row: the text token (one per frame, as
                       `run --user-text-out` records it), the VAD heads' probabilities, the
                       Heard events it completes
+    flush(row, ...)   the row's input is over: moshi's STT inference pads the audio with
+                      `audio_delay_seconds` + 1 s of silence and keeps stepping, so the words
+                      still inside the delay are written; the row steps on those silent frames
+                      (encoded from the Mimi state the input left, PersonaPlex's untouched),
+                      and its turn ends
 """
 
 from __future__ import annotations
@@ -34,7 +39,11 @@ from personaplex_edge.transcriber import TURN_HEAD, TranscriberConfig
 from .heard import Heard, HeardStream
 
 if TYPE_CHECKING:
+    from .backends import Graph
     from .model import LoadedModel
+
+# seconds of silence moshi's run_inference pads after an STT model's input, beyond its delay
+FLUSH_SECONDS = 1.0
 
 
 class TranscriberRows:
@@ -56,17 +65,19 @@ class TranscriberRows:
         # the silence before the user's audio, as the reference pads it (module docstring)
         prefix = int(self.cfg.audio_silence_prefix_seconds * model.sample_rate)
         self.prefix_frames, self.shift = divmod(prefix, model.frame_size)
-        self.encoder = model.graphs[MIMI_ENCODER].bind() if prefix else None
+        self._encoder_graph = model.graphs[MIMI_ENCODER]
+        self.encoder = self._encoder_graph.bind() if prefix else None
+        self._codec_copy: "Graph | None" = None  # without a prefix: what a flush encodes with
         self._carry = np.zeros((self.batch, self.shift), np.float32)  # [B, shift]
+        self.frame_size = model.frame_size
         self.streams = [self._stream() for _ in range(self.batch)]
 
     def _stream(self) -> HeardStream:
         cfg = self.cfg
         # a frame that straddles two of the user's starts `shift` samples earlier
         delay = cfg.audio_delay_seconds + self.shift / self.sample_rate
-        return HeardStream(self.text.piece, 1.0 / self.frame_rate, delay,
-                           cfg.delay_frames(self.frame_rate), vad=cfg.vad_heads > TURN_HEAD,
-                           padding=(cfg.text_padding_id, cfg.end_of_padding_id))
+        return HeardStream(self.text, 1.0 / self.frame_rate, delay,
+                           cfg.delay_frames(self.frame_rate), vad=cfg.vad_heads > TURN_HEAD)
 
     def reset(self, row: int) -> None:
         """`row` from the start: the first step on the initial tokens (module docstring), then
@@ -118,14 +129,48 @@ class TranscriberRows:
         if self.encoder is not None:
             codes = self._own_codes(rows, frames)
         out = self._run(rows, codes)
-        text, vad = out[TEXT_TOKEN], out.get(VAD)
         for b in rows:
-            token = int(text[b])
-            self.token[b] = token
-            heads = None if vad is None else vad[b].copy()
-            self.vad[b] = heads
-            turn = None if heads is None or len(heads) <= TURN_HEAD else float(heads[TURN_HEAD, 0])
-            self.events[b] += self.streams[b].feed(token, turn)
+            self._hear(b, out)
+
+    def _hear(self, b: int, out: Mapping[str, np.ndarray]) -> int:
+        """Row b's token of the step's `out`, its VAD heads and the events they complete."""
+        vad = out.get(VAD)
+        token = int(out[TEXT_TOKEN][b])
+        self.token[b] = token
+        heads = None if vad is None else vad[b].copy()
+        self.vad[b] = heads
+        turn = None if heads is None or len(heads) <= TURN_HEAD else float(heads[TURN_HEAD, 0])
+        self.events[b] += self.streams[b].feed(token, turn)
+        return token
+
+    def flush_frames(self, padding: int = 0) -> int:
+        """The silent frames moshi steps after an input whose last frame held `padding`
+        samples of silence already: its pad (the delay and FLUSH_SECONDS) in whole frames of
+        what this row's frames have not yet covered (the carry of a straddling prefix)."""
+        pad = int((self.cfg.audio_delay_seconds + FLUSH_SECONDS) * self.sample_rate)
+        return max(0, (self.shift + pad - padding) // self.frame_size)
+
+    def flush(self, row: int, padding: int, codec: "Graph") -> list[int]:
+        """Row `row`'s input is over (module docstring): its step on the silent frames
+        flush_frames(padding) counts, then its turn ended. `codec`: the batch's encoder, whose
+        state for the row the silence continues from (read, never written). -> the token of
+        each silent frame."""
+        n = self.flush_frames(padding)
+        silence = np.zeros(self.frame_size, np.float32)
+        tokens = []
+        if n and self.encoder is None:  # the batch's encoder is PersonaPlex's: a copy goes on
+            if self._codec_copy is None:
+                self._codec_copy = self._encoder_graph.bind()
+            self._codec_copy.set_state(codec.state([row]), [row])
+        for _ in range(n):
+            if self.encoder is not None:
+                codes = self._own_codes([row], {row: silence})
+            else:
+                self._codec_copy.inputs[PCM][row] = 0.0
+                codes = self._codec_copy.run([row])[CODES]
+            tokens.append(self._hear(row, self._run([row], codes)))
+        self.events[row] += self.streams[row].end_turn()
+        return tokens
 
     def take_events(self, row: int) -> list[Heard]:
         events = self.events[row]
@@ -135,5 +180,6 @@ class TranscriberRows:
 
     def close(self) -> None:
         self.graph.close()
-        if self.encoder is not None:
-            self.encoder.close()
+        for encoder in (self.encoder, self._codec_copy):
+            if encoder is not None:
+                encoder.close()

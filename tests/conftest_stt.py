@@ -120,18 +120,23 @@ def plain_model_dir() -> Path:
     return out
 
 
-def heard_of(pcm: np.ndarray) -> list:
+def heard_of(pcm: np.ndarray, flush: bool = False, end_turn_at: int | None = None) -> list:
     """The Python API's heard events (greedy, no persona) on exactly these frames (float32,
     24 kHz): what a server's transcription must equal for the frames its model stepped
     (tests/call_tap.py records them; a real-time client's audio may arrive late under load,
-    and the server's clock then steps silence)."""
+    and the server's clock then steps silence). `flush`: the input ends there (flush_heard,
+    as stdio does at its end); `end_turn_at`: end_turn() before that frame is stepped."""
     import personaplex_edge as pe
 
     model = pe.load(stt_model_dir(), device="cpu")
     try:
         with model.conversation(persona=False, greedy=True) as conv:
-            for at in range(0, pcm.shape[0] - 1919, 1920):
+            for i, at in enumerate(range(0, pcm.shape[0] - 1919, 1920)):
+                if i == end_turn_at:
+                    conv.end_turn()
                 conv.step(pcm[at:at + 1920])
+            if flush:
+                conv.flush_heard()
             return conv.heard_events()
     finally:
         model.close()

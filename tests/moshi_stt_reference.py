@@ -191,12 +191,15 @@ def checkpoint_info(root: Path):
 
 @torch.no_grad()
 def reference_transcribe(root: Path, pcm: np.ndarray, with_vad: bool = True) -> dict:
-    """moshi's own STT inference on `pcm` (24 kHz, a whole number of frames): run_inference's
-    InferenceState.run, first frame fed twice and the audio padded as it pads it, the text
-    token of every step taken from LMGen's on_text_hook; and the VAD heads' probabilities from
-    LMGen.step_with_extra_heads on the same codes, on the same schedule. Returns per input
-    frame: text [F], vad [F, heads, classes] and Mimi's codes [F, n_q] (the text alone for a
-    checkpoint with a silence prefix, or without `with_vad`)."""
+    """moshi's own STT inference on `pcm` (24 kHz, any length): run_inference's
+    InferenceState.run, first frame fed twice and the audio padded as it pads it (the silence
+    prefix before, `audio_delay_seconds` + 1 s of silence after), the text token of every
+    step taken from LMGen's on_text_hook; and the VAD heads' probabilities from
+    LMGen.step_with_extra_heads on the same codes, on the same schedule. Returns text: every
+    token it writes after its first step's and the prefix's - the input's frames, then the
+    silence after them (moshi's whole output); and per whole input frame vad [F, heads,
+    classes] and Mimi's codes [F, n_q] (the text alone for a checkpoint with a silence prefix,
+    or without `with_vad`)."""
     from moshi.models import LMGen
     from moshi.run_inference import InferenceState
 
@@ -218,13 +221,13 @@ def _transcribe(root: Path, pcm: np.ndarray, InferenceState, LMGen, with_vad: bo
                            on_text_hook=lambda t: tokens.append(int(t[0])),
                            **info.lm_gen_config)
     frames = pcm.shape[0] // mimi.frame_size
-    state.run(torch.from_numpy(pcm[None, None, :frames * mimi.frame_size]).float())
+    state.run(torch.from_numpy(pcm[None, None, :]).float())
     # the first step read the initial tokens only; then the silence prefix's whole frames
     # (run_inference pads int(seconds x rate) samples: the frame after them straddles the
     # audio's start, and is the first the runtime records)
     skip = int(info.stt_config.get("audio_silence_prefix_seconds", 0.0) * mimi.sample_rate) \
         // mimi.frame_size
-    text = np.array(tokens[1 + skip:1 + skip + frames])
+    text = np.array(tokens[1 + skip:])
     if skip or not with_vad:
         return {"text": text}
 

@@ -9,11 +9,11 @@ from typing import Callable
 
 
 async def sdk_events(connect, session: dict, data: bytes = b"", chunk: int = 3840,
-                     stop: Callable | None = None) -> list[dict]:
+                     stop: Callable | None = None, commit_first: bool = False) -> list[dict]:
     """Through an SDK connection (`client.realtime.connect(...)` or the beta's): session.update
-    and its session.updated; then, unless `stop` is None, `data` appended in `chunk`-byte
-    events and every event read until `stop(event)` says enough. Every event received, as
-    dicts."""
+    and its session.updated; then, unless `stop` is None, (with `commit_first`, an
+    input_audio_buffer.commit, and) `data` appended in `chunk`-byte events and every event
+    read until `stop(event)` says enough. Every event received, as dicts."""
     events = []
     async with connect as conn:
         await conn.session.update(session=session)
@@ -23,6 +23,8 @@ async def sdk_events(connect, session: dict, data: bytes = b"", chunk: int = 384
                 break
         if stop is None:
             return events
+        if commit_first:
+            await conn.input_audio_buffer.commit()
         for at in range(0, len(data), chunk):
             await conn.input_audio_buffer.append(
                 audio=base64.b64encode(data[at:at + chunk]).decode())

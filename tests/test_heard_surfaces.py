@@ -21,13 +21,12 @@ pytest.importorskip("aiohttp")
 openai = pytest.importorskip("openai")
 
 from bench_serve import ServerThread  # noqa: E402
-from conftest_stt import (FRAMES, heard_of, serve_options, stt_bundle,  # noqa: E402
-                          stt_model_dir)
+from conftest_stt import (FRAMES, heard_of, plain_model_dir, serve_options,  # noqa: E402
+                          stt_bundle, stt_model_dir)
 from pydantic import TypeAdapter  # noqa: E402
 from realtime_sdk import sdk_events  # noqa: E402
 
 from personaplex_edge.audio import pcm16_bytes  # noqa: E402
-from personaplex_edge.runtime.serve import ServeOptions  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +50,11 @@ def server():
         yield srv
 
 
-async def _realtime(connect, session: dict, pcm16: bytes, until: str) -> list[dict]:
+async def _realtime(connect, session: dict, pcm16: bytes, until: str,
+                    commit_first: bool = False) -> list[dict]:
     """An SDK connection: the update, then the audio, then events until one of type `until`."""
     stop = None if until == "session.updated" else (lambda event: event.type == until)
-    return await sdk_events(connect, session, pcm16, 3840, stop)
+    return await sdk_events(connect, session, pcm16, 3840, stop, commit_first)
 
 
 def _first_turn(events):
@@ -62,6 +62,17 @@ def _first_turn(events):
     pieces = "".join(e.text for e in first if e.kind == "piece")
     turn = next(e for e in first if e.kind == "turn")
     return pieces, turn
+
+
+def _transcripts(events) -> dict[str, tuple[str, str]]:
+    """Per user item of a session's events: (its deltas joined, its completed transcript)."""
+    out: dict[str, list[str]] = {}
+    for e in events:
+        if e["type"] == "conversation.item.input_audio_transcription.delta":
+            out.setdefault(e["item_id"], ["", ""])[0] += e["delta"]
+        elif e["type"] == "conversation.item.input_audio_transcription.completed":
+            out.setdefault(e["item_id"], ["", ""])[1] = e["transcript"]
+    return {k: tuple(v) for k, v in out.items()}
 
 
 def test_the_sdk_ga_client_gets_the_users_words(server, heard):
@@ -90,8 +101,43 @@ def test_the_sdk_ga_client_gets_the_users_words(server, heard):
     pieces, turn = _first_turn(events_api)
     assert "".join(d["delta"] for d in deltas) == pieces
     assert done["item_id"] == item_id and done["transcript"] == turn.text
-    assert done["usage"]["type"] == "tokens" and done["usage"]["input_tokens"] > 0
+    # the deltas joined are the transcript, with no space before it
+    assert _transcripts(events)[item_id] == (turn.text, turn.text)
+    # the codes the transcriber read from the frame the speech began in (the turn's start,
+    # its 0.5 s delay before the first piece) to the frame that ended it, 32 a frame
+    assert done["usage"]["type"] == "tokens"
+    began = int(turn.start * 12.5 + 1e-6)
+    assert done["usage"]["input_tokens"] == (turn.frame - began + 1) * 32
     assert done["usage"]["output_tokens"] == len(deltas)
+
+
+def test_a_commit_before_the_users_words_are_written_ends_their_turn(server, heard):
+    """Push-to-talk over the openai SDK: input_audio_buffer.commit before the text of the
+    audio committed is written (the transcriber runs 0.5 s behind; here it comes before any
+    audio, the one moment this random model writes no piece). Its turn ends once that text
+    has had time to arrive - at the first word's end after 8 frames, as the Python API's
+    end_turn() ends it - instead of running on into the next words; each item's deltas joined
+    are its transcript."""
+    events_api, pcm16 = heard
+    pcm = np.frombuffer(pcm16, "<i2").astype(np.float32) / 32768
+    committed = [e for e in heard_of(pcm, end_turn_at=0) if e.kind == "turn"]
+    uncommitted = [e for e in events_api if e.kind == "turn"]
+    assert committed[0].text != uncommitted[0].text  # the commit is what the test sees
+    client = openai.AsyncOpenAI(api_key="k", base_url=server.url + "v1")
+    session = {"type": "realtime", "audio": {"input": {"transcription": {"model": "any"}}}}
+    completed = 0
+
+    def second_done(event) -> bool:
+        nonlocal completed
+        completed += event.type == "conversation.item.input_audio_transcription.completed"
+        return completed == 2
+
+    events = asyncio.run(asyncio.wait_for(sdk_events(
+        client.realtime.connect(model="personaplex"), session, pcm16, 3840, second_done,
+        commit_first=True), 120))
+    transcripts = list(_transcripts(events).values())
+    assert [t for _, t in transcripts] == [t.text for t in committed[:2]]
+    assert all(deltas == transcript for deltas, transcript in transcripts)
 
 
 def test_the_sdk_beta_client_gets_the_beta_names(server, heard):
@@ -116,11 +162,10 @@ def test_the_sdk_beta_client_gets_the_beta_names(server, heard):
         "input_audio_transcription"]
 
 
-def test_transcription_asked_of_a_model_without_one_is_an_error_naming_the_field(
-        demo_model, demo_model_dir):
+def test_transcription_asked_of_a_model_without_one_is_an_error_naming_the_field():
     from openai.types.realtime import RealtimeServerEvent
 
-    with ServerThread(ServeOptions(demo_model_dir, port=0), model=demo_model) as srv:
+    with ServerThread(serve_options(plain_model_dir())) as srv:
         client = openai.AsyncOpenAI(api_key="k", base_url=srv.url + "v1")
         session = {"type": "realtime", "instructions": "Be brief.",
                    "audio": {"input": {"transcription": {"model": "x"}}}}
@@ -217,12 +262,14 @@ def test_api_chat_sends_heard_messages_to_a_client_that_asks(server, heard):
     assert all(0 <= w["start"] <= w["end"] for w in words)
 
 
-def test_api_chat_heard_request_without_a_transcriber_is_an_error(demo_model, demo_model_dir):
+def test_api_chat_heard_request_without_a_transcriber_is_an_error():
     import aiohttp
+
+    model_dir = plain_model_dir()
 
     async def scene():
         async with aiohttp.ClientSession() as http:
-            with ServerThread(ServeOptions(demo_model_dir, port=0), model=demo_model) as srv:
+            with ServerThread(serve_options(model_dir)) as srv:
                 async with http.ws_connect(srv.url.replace("http", "ws", 1)
                                            + "api/chat") as ws:
                     assert (await ws.receive()).data == b"\x00"
@@ -234,7 +281,7 @@ def test_api_chat_heard_request_without_a_transcriber_is_an_error(demo_model, de
     data, closed = asyncio.run(scene())
     # the fix, and not where the server keeps its files
     assert data[0] == 0x05 and b"add one with personaplex-edge export --transcriber" in data
-    assert str(demo_model_dir).encode() not in data
+    assert str(model_dir).encode() not in data
     assert closed in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED,
                       aiohttp.WSMsgType.CLOSING)
 
@@ -252,7 +299,12 @@ def _messages(data: bytes):
 
 
 def test_stdio_sends_heard_messages_equal_to_the_apis(heard):
-    events_api, pcm16 = heard
+    """What stdio sends of the user's words is what the API hears of the same audio - to the
+    end: at EOF the words still inside the transcriber's delay, and the last turn's end (as
+    flush_heard gives them)."""
+    _, pcm16 = heard
+    events_api = heard_of(np.frombuffer(pcm16, "<i2").astype(np.float32) / 32768, flush=True)
+    assert events_api[-1].kind == "turn" and events_api[-1].frame >= FRAMES
     stdin = _frame(0x09, b'{"hear": true}') + _frame(0x01, pcm16)
     done = subprocess.run([sys.executable, "-m", "personaplex_edge.cli", "stdio", "--model",
                            str(stt_model_dir()), "--no-persona", "--device", "cpu"],
@@ -264,15 +316,16 @@ def test_stdio_sends_heard_messages_equal_to_the_apis(heard):
     assert [{k: g[k] for k in ("event", "text", "item", "step")} for g in got] == want
 
 
-def test_stdio_heard_request_without_a_transcriber_exits_2(demo_model_dir):
+def test_stdio_heard_request_without_a_transcriber_exits_2():
+    model_dir = plain_model_dir()
     done = subprocess.run([sys.executable, "-m", "personaplex_edge.cli", "stdio", "--model",
-                           str(demo_model_dir), "--no-persona", "--device", "cpu"],
+                           str(model_dir), "--no-persona", "--device", "cpu"],
                           input=_frame(0x09, b'{"hear": true}'), capture_output=True,
                           timeout=120)
     assert done.returncode == 2
     errors = [p for k, p in _messages(done.stdout) if k == 0x05]
-    assert errors and (f"HEARD: the model {demo_model_dir} has no transcriber".encode()
-                       in errors[0]) and f"--out {demo_model_dir}".encode() in errors[0]
+    assert errors and (f"HEARD: the model {model_dir} has no transcriber".encode()
+                       in errors[0]) and f"--out {model_dir}".encode() in errors[0]
 
 
 def test_the_assistants_socket_events_carry_the_users_words(heard):

@@ -1,9 +1,11 @@
 """The transcriber (Kyutai's STT beside PersonaPlex) against moshi's own STT inference, on a
 checkpoint with random weights in stt-1b-en_fr's layout (tests/moshi_stt_reference.py):
 
-    run --user-text-out    the greedy text token of every input frame equals moshi's
-                           run_inference (first frame fed twice) on the same audio, past the
-                           transcriber's context (24 frames here) and Mimi's ring
+    run --user-text-out    the greedy text token of every frame equals moshi's run_inference
+                           (first frame fed twice) on the same audio, past the transcriber's
+                           context (24 frames here) and Mimi's ring: the input's frames, then
+                           the 1.5 s of silence moshi pads after them (its whole output), also
+                           where the speech runs to the end and the last frame is partial
     the encode             the 32-code encoder's codes equal moshi's 32-code encode, and its
                            first 8 the 8-code encoder's of the same checkpoint exported without
                            a transcriber
@@ -19,9 +21,16 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest_stt import FRAMES, plain_model_dir, stt_bundle, stt_model_dir
+from conftest_stt import FRAMES, SPOKEN, plain_model_dir, stt_bundle, stt_model_dir
 from personaplex_edge.audio import read_audio, write_audio
 from personaplex_edge.cli import main
+
+# the silent frames moshi's run_inference steps after a whole-frame input of the 1B's layout:
+# audio_delay_seconds + 1 s = 36000 samples, in whole frames of 1920
+FLUSH = 18
+# speech to the end: the bundle's first frames (all speech), the last one cut short
+SHORT = 30 * 1920 - 700
+assert SHORT // 1920 < SPOKEN
 
 
 def _records(tokens, tokenizer_path) -> list[str]:
@@ -54,14 +63,54 @@ def run_outputs(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def short_reference():
+    """moshi's whole output on speech that runs to the end of a recording of SHORT samples."""
+    from moshi_stt_reference import reference_transcribe
+
+    b = stt_bundle()
+    pcm = b.pcm[:SHORT]
+    return pcm, _records(reference_transcribe(b.stt_checkpoint, pcm, with_vad=False)["text"],
+                         b.stt_checkpoint / b.stt_config["tokenizer_name"])
+
+
 def test_user_text_out_equals_moshi_stt_inference(run_outputs):
     b = stt_bundle()
     want = _records(b.reference["text"], b.stt_checkpoint / b.stt_config["tokenizer_name"])
     got = run_outputs["user"]
-    assert len(got) == FRAMES == len(want)
+    assert len(want) == FRAMES + FLUSH  # moshi's whole output, the silence after the input's
     assert got == want
     # not a vacuous run: the random model writes many different pieces, and padding
     assert len(set(got)) > 10
+
+
+def test_the_last_words_of_speech_to_the_end_are_heard(short_reference, tmp_path):
+    """Speech to the recording's very end (its last frame partial): `run --user-text-out`
+    writes moshi's whole output, the words its delay held back at the input's end included,
+    and the heard text and Response.heard_words end with them."""
+    import personaplex_edge as pe
+
+    pcm, want = short_reference
+    write_audio(tmp_path / "in.wav", pcm)
+    assert main(["run", "--model", str(stt_model_dir()), "--input", str(tmp_path / "in.wav"),
+                 "--output", str(tmp_path / "o.wav"), "--user-text-out",
+                 str(tmp_path / "u.json"), "--greedy", "--no-persona"]) == 0
+    got = json.loads((tmp_path / "u.json").read_text())
+    frames = -(-SHORT // 1920)
+    assert len(got) == (SHORT + 36000) // 1920 == len(want)  # moshi keeps whole frames only
+    assert got == want
+    tail = [r for r in got[frames:] if r not in ("PAD", "EPAD")]
+    assert tail, "moshi writes pieces after the input's end: the test would not tell"
+    model = pe.load(stt_model_dir(), device="cpu")
+    try:
+        with model.conversation(persona=False, greedy=True) as conv:
+            response = conv.respond(pcm)
+    finally:
+        model.close()
+    assert response.heard_records == want and response.pcm.shape == pcm.shape
+    assert response.heard == "".join(r for r in want if r not in ("PAD", "EPAD")).strip()
+    words = " ".join(w.text for w in response.heard_words)
+    assert words.replace(" ", "").endswith("".join(tail).replace(" ", ""))
 
 
 def test_the_32_code_encoder_keeps_the_8_codes_and_equals_moshi(tmp_path):
@@ -282,16 +331,17 @@ def test_lockstep_rows_each_hear_their_own_audio(tmp_path):
                 heard[conv].append(conv.heard_token)
     finally:
         model.close()
-    np.testing.assert_array_equal(heard[first], b.reference["text"])
+    np.testing.assert_array_equal(heard[first], b.reference["text"][:FRAMES])
     assert heard[second] == alone
 
 
 def test_a_silence_prefix_is_heard_as_moshi_feeds_it(tmp_path):
     """stt-2.6b-en's config asks for 1 s of silence before the audio, which moshi's
     run_inference pads in: 12.5 frames, so its frames straddle the user's. The same checkpoint
-    asking for it: every frame's token equals moshi's on its padded audio, for two
-    conversations one after the other on the model (each starts with the silence again) - and
-    moshi's tokens with and without the prefix differ, so the prefix is what is matched."""
+    asking for it: every frame's token equals moshi's on its padded audio - the silence after
+    the input too, its first frame the input's last 40 ms - for two conversations one after
+    the other on the model (each starts with the silence again); and moshi's tokens with and
+    without the prefix differ, so the prefix is what is matched."""
     from conftest_stt import _speech_like
     from moshi_stt_reference import clear_input, reference_transcribe
 
@@ -306,7 +356,10 @@ def test_a_silence_prefix_is_heard_as_moshi_feeds_it(tmp_path):
     pcm, ref = clear_input(lambda x: reference_transcribe(stt, x, with_vad=False),
                            _speech_like)
     unprefixed = reference_transcribe(b.stt_checkpoint, pcm, with_vad=False)["text"]
-    assert len(ref["text"]) == FRAMES and not np.array_equal(ref["text"], unprefixed)
+    # (1 s + the input + 0.5 s + 1 s) in whole frames, less the prefix's 12: the 40 ms the
+    # prefix's half frame holds back of the input make it 19 frames after it, not 18
+    assert len(ref["text"]) == (24000 + FRAMES * 1920 + 36000) // 1920 - 12 == FRAMES + 19
+    assert not np.array_equal(ref["text"][:FRAMES], unprefixed[:FRAMES])
 
     model_dir = tmp_path / "model"
     shutil.copytree(plain_model_dir(), model_dir)
@@ -319,6 +372,7 @@ def test_a_silence_prefix_is_heard_as_moshi_feeds_it(tmp_path):
                 for at in range(0, FRAMES * 1920, 1920):
                     conv.step(pcm[at:at + 1920])
                     heard.append(conv.core.heard_token)
+                heard += conv.core.flush_heard()
             np.testing.assert_array_equal(heard, ref["text"])
     finally:
         model.close()
@@ -326,7 +380,14 @@ def test_a_silence_prefix_is_heard_as_moshi_feeds_it(tmp_path):
 
 def test_the_transcriber_in_its_own_precision(tmp_path, capsys):
     """--transcriber-precision int8: the step stored as int8 (MatMulNBits), its weights tied to
-    the checkpoint by verify's spot check, and it runs: a record per input frame."""
+    the checkpoint by verify's spot check, and every frame's token is moshi's (float32) on
+    nearly every frame: each step fed moshi's token of the frame before (teacher-forced, so
+    that one flip does not carry on), as tests/test_precision.py holds the LM's int8 to its
+    float32 (>= 85 %; int8 rounding flips a few argmaxes of a random model's flat logits, a
+    wrong weight layout or scale agrees by chance: ~1 / 200 here). `run --user-text-out`
+    writes a record of every frame moshi steps."""
+    import personaplex_edge as pe
+
     b = stt_bundle()
     out = tmp_path / "model_int8"
     assert main(["export", "--checkpoint", str(b.checkpoint), "--transcriber",
@@ -341,11 +402,26 @@ def test_the_transcriber_in_its_own_precision(tmp_path, capsys):
     line = next(x for x in capsys.readouterr().out.splitlines()
                 if "transcriber_step" in x and "weight rows" in x)
     assert "int8" in line
+    want = b.reference["text"]
+    model = pe.load(out, device="cpu")
+    try:
+        with model.conversation(persona=False, greedy=True) as conv:
+            rows, row = conv.core.group.transcriber, conv.core.row
+            got = []
+            for i in range(FRAMES):
+                if i:  # the step reads the token of the frame before: moshi's
+                    rows.last[row] = want[i - 1]
+                conv.step(b.pcm[i * 1920:(i + 1) * 1920])
+                got.append(conv.core.heard_token)
+    finally:
+        model.close()
+    agree = np.mean(np.array(got) == want[:FRAMES])
+    assert agree >= 0.85, (agree, got, want[:FRAMES].tolist())
     write_audio(tmp_path / "in.wav", b.pcm)
     assert main(["run", "--model", str(out), "--input", str(tmp_path / "in.wav"), "--output",
                  str(tmp_path / "o.wav"), "--user-text-out", str(tmp_path / "u.json"),
                  "--no-persona"]) == 0
-    assert len(json.loads((tmp_path / "u.json").read_text())) == FRAMES
+    assert len(json.loads((tmp_path / "u.json").read_text())) == FRAMES + FLUSH
 
 
 def test_a_transcriber_from_the_hub_by_its_id(tmp_path, monkeypatch, run_outputs):
@@ -378,7 +454,8 @@ def test_the_transcriber_runs_on_a_simulated_rtx_gpu_as_on_the_cpu(run_outputs, 
     """A model with a transcriber, exported for TensorRT, on a simulated RTX card
     (tests/fake_gpu.py: TensorRT for RTX's runtime calls, the engines computing on the CPU):
     the transcriber's engine is checked and loaded beside the LM's, and the user's words of
-    `run --user-text-out` are the CPU's, token for token."""
+    `run --user-text-out` are moshi's, token for token, through the engines' buffers, their
+    rings and the flush after the input."""
     import dataclasses
     import sys
 
@@ -395,26 +472,35 @@ def test_the_transcriber_runs_on_a_simulated_rtx_gpu_as_on_the_cpu(run_outputs, 
                  str(tmp_path / "out.wav"), "--user-text-out", str(tmp_path / "user.json"),
                  "--greedy", "--no-persona", "--device", "cuda"]) == 0
     assert "transcriber_step.onnx" in sys.modules["tensorrt_rtx"].deserialized
-    assert json.loads((tmp_path / "user.json").read_text()) == run_outputs["user"]
+    b = stt_bundle()
+    want = _records(b.reference["text"], b.stt_checkpoint / b.stt_config["tokenizer_name"])
+    assert json.loads((tmp_path / "user.json").read_text()) == want
 
 
-def test_batch_writes_the_users_words_as_run_does(run_outputs, tmp_path):
+def test_batch_writes_the_users_words_as_moshi_hears_them(run_outputs, short_reference,
+                                                          tmp_path):
     """`batch` on a model with a transcriber writes each item's user words (NAME.user.json
-    beside its text JSON): `run --user-text-out`'s records for the same file, and for a shorter
-    recording on the same worker the first frames' (the transcriber is causal). A finished
-    item missing its user words is not skipped on a rerun."""
+    beside its text JSON): moshi's whole output on each file - a shorter recording, its speech
+    running to its end, stepped beside the longer one on the same worker, included - and
+    the answers `run` writes. A finished item missing its user words is not skipped on a
+    rerun."""
+    b = stt_bundle()
     work = run_outputs["work"]
     folder = tmp_path / "calls"
     folder.mkdir()
     pcm = read_audio(work / "in.wav")
+    short, short_want = short_reference
     write_audio(folder / "whole.wav", pcm)
-    write_audio(folder / "short.wav", pcm[:30 * 1920])
+    write_audio(folder / "short.wav", short)
     answers = tmp_path / "answers"
     args = ["batch", "--model", str(stt_model_dir()), "--input", str(folder), "--output",
             str(answers), "--greedy", "--no-persona", "--workers", "1"]
     assert main(args) == 0
-    assert json.loads((answers / "whole.user.json").read_text()) == run_outputs["user"]
-    assert json.loads((answers / "short.user.json").read_text()) == run_outputs["user"][:30]
+    want = _records(b.reference["text"], b.stt_checkpoint / b.stt_config["tokenizer_name"])
+    assert json.loads((answers / "whole.user.json").read_text()) == want
+    assert json.loads((answers / "short.user.json").read_text()) == short_want
+    assert json.loads((answers / "whole.json").read_text()) == run_outputs["stt"][1]
+    np.testing.assert_array_equal(read_audio(answers / "whole.wav"), run_outputs["stt"][0])
     (answers / "short.user.json").unlink()
     before = (answers / "whole.wav").stat().st_mtime_ns
     assert main(args) == 0

@@ -210,9 +210,11 @@ class _Run:
             entry = open_items[conv]
             entry.built.add(entry.next, pcm, token, conv.last_frame)
             if self.hearing:  # (drained either way: nothing takes them later)
-                entry.built.hear(conv.heard_token, conv.heard_events())
+                entry.built.hear([conv.heard_token], conv.heard_events())
             entry.next += 1
             if entry.next == entry.built.frames:
+                if entry.built.hearing:  # the last words, inside the transcriber's delay
+                    entry.built.hear(conv.flush_heard(entry.built.padding), conv.heard_events())
                 del open_items[conv]
                 conv.close()
                 self.finish(entry)

@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import replace
+import math
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +73,14 @@ OPENAI_VOICES = frozenset({"alloy", "ash", "ballad", "coral", "echo", "sage", "s
                            "verse", "marin", "cedar"})
 
 
+@dataclass
+class UserTurn:
+    """A user item being transcribed: one turn of what the transcriber hears (Heard.item)."""
+
+    item_id: str  # the conversation item the client sees
+    pieces: int = 0  # the deltas sent: the transcriber's text tokens written
+
+
 class RealtimeSession(Session):
     """A session whose audio is base64 PCM in JSON events, answered as one open response."""
 
@@ -89,31 +98,38 @@ class RealtimeSession(Session):
         self._utterance: int | None = None  # the say() behind it, once the tick thread took it
         self._closing: int | None = None  # answer frames until that response is done
         self.transcription = False  # the client asked for the user's words
-        self._turns: dict[int, list] = {}  # a user turn (Heard.item) -> [item id, first frame,
-        #                                    pieces]
+        self._user_turns: dict[int, UserTurn] = {}  # by Heard.item
 
     def _heard(self, event: Heard) -> None:
+        """What the transcriber heard, as the client's transcription events: each piece a
+        delta (joined, they are the transcript), each turn's end its item completed."""
         if not self.transcription:
             return
-        turn = self._turns.get(event.item)
+        turn = self._user_turns.get(event.item)
         if turn is None:
             if event.kind == "turn":  # a turn heard before transcription was turned on
                 return
-            turn = self._turns[event.item] = [new_id("item"), event.frame, 0]
-            self.send(self.events.user_item_added(turn[0]))
+            turn = self._user_turns[event.item] = UserTurn(new_id("item"))
+            self.send(self.events.user_item_added(turn.item_id))
         if event.kind == "piece":
-            turn[2] += 1
-            self.send(self.events.input_transcription_delta(turn[0], event.text))
+            turn.pieces += 1
+            self.send(self.events.input_transcription_delta(turn.item_id, event.text))
         elif event.kind == "turn":
-            del self._turns[event.item]
-            # usage in the transcriber's own tokens: the codes it read over the turn, the
-            # pieces it wrote
-            audio = (event.frame - turn[1] + 1) * self.conv.group.transcriber.cfg.num_audio_codebooks
-            usage = {"type": "tokens", "input_tokens": audio, "output_tokens": turn[2],
-                     "total_tokens": audio + turn[2],
-                     "input_token_details": {"audio_tokens": audio, "text_tokens": 0}}
-            for out in self.events.input_transcription_completed(turn[0], event.text, usage):
+            del self._user_turns[event.item]
+            for out in self.events.input_transcription_completed(turn.item_id, event.text,
+                                                                 self._usage(event, turn)):
                 self.send(out)
+
+    def _usage(self, end: Heard, turn: UserTurn) -> dict:
+        """A turn's usage in the transcriber's own tokens: the codes it read from the frame
+        the speech began in (the turn's start) to the one that ended it, the pieces it
+        wrote."""
+        transcriber = self.conv.group.transcriber
+        began = math.floor(end.start * transcriber.frame_rate + 1e-6)
+        audio = (end.frame - began + 1) * transcriber.cfg.num_audio_codebooks
+        return {"type": "tokens", "input_tokens": audio, "output_tokens": turn.pieces,
+                "total_tokens": audio + turn.pieces,
+                "input_token_details": {"audio_tokens": audio, "text_tokens": 0}}
 
     def receive_audio(self, data: bytes) -> int:
         """An append's bytes -> whole frames into the backlog; returns the frames dropped.
@@ -230,7 +246,7 @@ class RealtimeWire(Wire):
                                 voice=state.default_voice)
         self._persona: asyncio.Future = asyncio.get_running_loop().create_future()
         self._pending: ChatParams | None = None  # the updates' persona, until it is fixed
-        self._heard = False  # audio has come
+        self._streaming = False  # the client's audio has begun
         self._updates_unanswered = 0  # session.update events waiting for the persona
         self._timer: asyncio.TimerHandle | None = None  # GRACE_S or SETTLE_S
 
@@ -287,7 +303,7 @@ class RealtimeWire(Wire):
             dropped = session.receive_audio(audio_bytes(event))
             if dropped:
                 self.state.stats.dropped.inc(dropped)
-            self.heard()
+            self.audio_came()
         elif kind == "session.update":
             self._update(session, parse_session_update(event))
         elif kind == "response.create":
@@ -309,14 +325,16 @@ class RealtimeWire(Wire):
         # commit (without transcription), output_audio_buffer.clear, other
         # conversation.item.*: nothing to do in full duplex
 
-    def heard(self) -> None:
+    def audio_came(self) -> None:
         """The client streams: the persona is fixed now if no update is to be waited for,
         else after GRACE_S for one to come."""
-        self._heard = True
+        self._streaming = True
         if not self._update_may_come():
             self._fix()
         elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(GRACE_S, self._fix)
+
+    heard = audio_came  # webrtc_call.py's name for it, until that file's next change
 
     def _update_may_come(self) -> bool:
         """Whether a session.update may still shape the persona: none has given one yet."""
@@ -335,7 +353,7 @@ class RealtimeWire(Wire):
             self.view.input_format = update.input_format
         if params is not None:
             self._pending = params
-            if self._heard:  # the client streams already: no later update to wait for
+            if self._streaming:  # the client streams already: no later update to wait for
                 self._fix()
             elif self._timer is None:
                 self._timer = asyncio.get_running_loop().call_later(SETTLE_S, self._fix)
