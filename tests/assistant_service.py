@@ -14,7 +14,6 @@ import threading
 import time
 from pathlib import Path
 
-import soundfile as sf
 from pulse import start_pulse
 
 HELLO = Path(__file__).resolve().parents[1] / "personaplex_edge" / "data" / "hello.wav"
@@ -90,7 +89,7 @@ class AssistantService:
         self.runtime.mkdir(exist_ok=True)
         self.pulse, self.env = start_pulse(self.runtime, room=True)
         self.socket_path = self.tmp / "control.sock"
-        self._played_until = 0.0  # monotonic time the last sound played ends
+        self._playing: list[subprocess.Popen] = []  # the paplay processes not waited for
         self.config = self.tmp / "assistant.toml"
         self.model_dir = model_dir
         self.write_config(sleep_after=sleep_after, extra=extra_config)
@@ -136,14 +135,23 @@ class AssistantService:
     def play(self, path: Path = HELLO) -> float:
         """Plays `path` into the microphone's sink; -> the monotonic time it was started."""
         t = time.monotonic()
-        subprocess.Popen(["paplay", "--device=room", str(path)], env=self.env)
-        self._played_until = max(self._played_until, t + sf.info(str(path)).duration)
+        self._playing.append(subprocess.Popen(["paplay", "--device=room", str(path)],
+                                              env=self.env))
         return t
 
-    def wait_played(self, margin: float = 0.5) -> None:
-        """Until everything played so far has ended (and `margin` more): a command that must
-        not race a voice still in the microphone waits for this."""
-        time.sleep(max(0.0, self._played_until + margin - time.monotonic()))
+    def wait_played(self, margin_frames: int = 7, timeout: float = 120.0) -> None:
+        """Until everything played so far has ended - paplay exits once the sound server has
+        played all of it - and the service has taken `margin_frames` more frames from the
+        microphone (the sound's tail on its way through the monitor, ~0.5 s): a command that
+        must not race a voice still in the microphone waits for this."""
+        for proc in self._playing:
+            proc.wait(timeout)
+        self._playing.clear()
+        start = self.client.command("status")["frames"]
+        deadline = time.monotonic() + timeout
+        while self.client.command("status")["frames"] < start + margin_frames:
+            assert time.monotonic() < deadline, f"no {margin_frames} frames in {timeout} s"
+            time.sleep(0.05)
 
     def kill_sound_server(self) -> None:
         self.pulse.kill()
@@ -156,6 +164,10 @@ class AssistantService:
         return "\n".join(str(x) for _, x in self.log.items)
 
     def close(self) -> None:
+        for proc in self._playing:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
