@@ -69,7 +69,7 @@ def nginx(tmp_path):
         assert check.returncode == 0, check.stderr
         procs.append(subprocess.Popen([binary, "-p", str(tmp_path), "-c",
                                        str(tmp_path / "nginx.conf")]))
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             with socket.socket() as s:
                 if s.connect_ex(("127.0.0.1", port)) == 0:
@@ -107,7 +107,7 @@ def test_the_fleet_recipe_serves_both_protocols_through_nginx(nginx, demo_model,
             return statuses, both
 
         statuses, (chat, realtime) = asyncio.run(scene())
-        assert wait_until(lambda: len(box1.history()) + len(box2.history()) == 2)
+        assert wait_until(lambda: len(box1.history()) + len(box2.history()) == 2, timeout=60)
         histories = [box1.history(), box2.history()]
     assert statuses == [200, 200, 403]
     assert chat.status is None and chat.kinds[0] == 0 and chat.pieces > 0 and not chat.errors

@@ -69,7 +69,7 @@ class UserManager:
         self._log = open(self.root / "manager.log", "wb")
         self._manager = subprocess.Popen(command, env=self.env, stdout=self._log,
                                          stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while not (self.runtime / "systemd" / "private").exists():
             if self._manager.poll() is not None or time.monotonic() > deadline:
                 self.close()
