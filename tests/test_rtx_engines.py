@@ -35,6 +35,28 @@ def tiny_fp32(tiny_export) -> Path:
     return tiny_export
 
 
+@pytest.fixture(scope="module")
+def stt_checkpoints(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny PersonaPlex checkpoint whose Mimi makes 32 codebooks, and a Kyutai STT checkpoint
+    in stt-1b-en_fr's layout sharing its Mimi file (random weights: tests/
+    moshi_stt_reference.py): what `export --checkpoint CK --transcriber STT` takes."""
+    import sentencepiece as spm
+    from conftest_stt import stt_tiny_config
+    from moshi_stt_reference import reference_stt, stt_config, write_stt_checkpoint
+
+    from personaplex_edge.export.hub import MIMI_FILE
+    from personaplex_edge.export.synthetic import train_tokenizer, write_synthetic_checkpoint
+
+    root = tmp_path_factory.mktemp("stt_checkpoints")
+    cfg = stt_tiny_config()
+    ckpt = write_synthetic_checkpoint(cfg, root / "personaplex")
+    tokenizer = train_tokenizer(root / "stt.model", vocab_size=200)
+    config = stt_config(spm.SentencePieceProcessor(model_file=str(tokenizer)).get_piece_size())
+    stt = write_stt_checkpoint(root / "stt", config, reference_stt(config, seed=5),
+                               ckpt / MIMI_FILE, tokenizer, cfg.mimi_config)
+    return ckpt, stt
+
+
 def _convert(tiny_fp32: Path, out: Path, precision: str, **kw) -> Path:
     from personaplex_edge.export.precision import convert_model_dir
 
@@ -244,27 +266,33 @@ def test_auto_on_a_machine_without_a_gpu_builds_with_rtx_though_mainline_is_inst
     assert mainline.builds == [] and {p.name: p.read_bytes() for p in model.iterdir()} == before
 
 
-def test_a_user_exports_and_builds_rtx_engines_from_the_command_line(tiny_fp32, tmp_path,
-                                                                     capsys, monkeypatch):
-    """With TensorRT for RTX the only TensorRT: `export --backend tensorrt --batch 2` builds
-    the four engines in the same run (--library auto finds it); the pair the say path links on
-    the device agrees in TensorRT's own eyes (each tensor the depformer reads from Helium has,
-    in the parsed networks, the dtype and shape Helium writes); `engines --model DIR --targets`
-    rebuilds one for other GPUs; weightless engines, which TensorRT for RTX builds only on a
-    machine with a GPU, and fp8 asked for a target below 8.9 are one message each, exit 2,
-    nothing written."""
+def test_a_user_exports_and_builds_rtx_engines_from_the_command_line(tiny_fp32, stt_checkpoints,
+                                                                     tmp_path, capsys,
+                                                                     monkeypatch):
+    """With TensorRT for RTX the only TensorRT: `export --backend tensorrt --batch 2
+    --transcriber STT` builds the five engines in the same run (--library auto finds it), the
+    transcriber's step among them; the pair the say path links on the device agrees in
+    TensorRT's own eyes (each tensor the depformer reads from Helium has, in the parsed
+    networks, the dtype and shape Helium writes); `engines --model DIR --graphs .. --targets`
+    rebuilds the depformer's and the transcriber's for other GPUs; weightless engines, which
+    TensorRT for RTX builds only on a machine with a GPU, and fp8 asked for a target below 8.9
+    are one message each, exit 2, nothing written."""
     from personaplex_edge.cli import main
-    from personaplex_edge.contract import HIDDEN, TEXT_TOKEN
+    from personaplex_edge.contract import HIDDEN, TEXT_TOKEN, TRANSCRIBER_STEP
 
     monkeypatch.setitem(sys.modules, "tensorrt", None)  # mainline TensorRT not installed
     monkeypatch.setenv("PERSONAPLEX_CACHE", str(tmp_path / "cache"))
+    ckpt, stt = stt_checkpoints
     out = tmp_path / "int4"
-    assert main(["export", "--checkpoint", str(tiny_fp32.parent / "ckpt"), "--out", str(out),
-                 "--backend", "tensorrt", "--precision", "int4", "--batch", "2"]) == 0
+    assert main(["export", "--checkpoint", str(ckpt), "--transcriber", str(stt), "--out",
+                 str(out), "--backend", "tensorrt", "--precision", "int4", "--batch", "2"]) == 0
     said = capsys.readouterr().out
     assert "engines will be built with TensorRT for RTX" in said and "no GPU needed" in said
-    _check_engines(out, CODEC + LM, ("8.6", "8.9", "12.0"))
-    assert load_model_dir(out).graphs["helium_step"].inputs[0].shape[0] == 2
+    _check_engines(out, CODEC + LM + [TRANSCRIBER_STEP], ("8.6", "8.9", "12.0"))
+    manifest = load_model_dir(out)
+    assert manifest.graphs[TRANSCRIBER_STEP].precision == "int4"
+    for name in ("helium_step", TRANSCRIBER_STEP):
+        assert manifest.graphs[name].inputs[0].shape[0] == 2
 
     trt = tensorrt_rtx
     tensors = {}
@@ -280,10 +308,10 @@ def test_a_user_exports_and_builds_rtx_engines_from_the_command_line(tiny_fp32, 
         assert tensors["helium_step"][name] == tensors["depformer_step"][name], name
         assert tensors["helium_step"][name][1][0] == 2
 
-    assert main(["engines", "--model", str(out), "--graphs", "depformer_step",
-                 "--targets", "8.9,12.1"]) == 0
-    assert "engines for depformer_step" in capsys.readouterr().out
-    _check_engines(out, ["depformer_step"], ("8.9", "12.1"))
+    assert main(["engines", "--model", str(out), "--graphs",
+                 f"depformer_step,{TRANSCRIBER_STEP}", "--targets", "8.9,12.1"]) == 0
+    assert f"engines for depformer_step, {TRANSCRIBER_STEP}" in capsys.readouterr().out
+    _check_engines(out, ["depformer_step", TRANSCRIBER_STEP], ("8.9", "12.1"))
 
     import fake_gpu
 
