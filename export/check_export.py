@@ -103,8 +103,7 @@ def _transcriber_findings(model_dir: Path, manifest: Manifest, spec: str | None,
         return [Finding("config", spec, False, "the transcriber checkpoint describes another "
                         "model than the manifest's transcriber: not the one of this export")]
     try:
-        check_shared_codec(stt, manifest.codec_sha256, manifest.config.mimi_config,
-                           str(model_dir))
+        check_shared_codec(stt, manifest.config.mimi_config)
     except PersonaPlexError as e:
         return [Finding("codec", spec, False, str(e))]
     header = open_transcriber_header(stt.lm, stt.config)

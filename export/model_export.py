@@ -10,7 +10,6 @@ directory, so export/ imports nothing of runtime/."""
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import time
 from pathlib import Path
@@ -215,14 +214,18 @@ def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "f
         if ckpt.lm is None:
             raise PersonaPlexError("--transcriber goes with a language model: export without "
                                    "--codec-only")
-        check_shared_codec(transcriber, codec_sha256, cfg.mimi_config, ckpt.source)
+        check_shared_codec(transcriber, cfg.mimi_config)
     progress(f"loading Mimi from {ckpt.mimi}")
     mimi = load_mimi(ckpt.mimi, cfg.mimi_config)
-    encoder = None if transcriber is None else load_mimi(ckpt.mimi, dataclasses.replace(
-        cfg.mimi_config, num_codebooks=transcriber.config.num_audio_codebooks))
     with staged_dir(out_dir, progress=progress) as stage:  # says what a killed one left
-        graphs = export_codec(codec_steps(mimi, batch, encoder), stage, progress)
-        del mimi, encoder
+        graphs = export_codec(codec_steps(mimi, batch), stage, progress)
+        del mimi
+        if transcriber is not None:  # its own codec's encoder, checked on the model's codes
+            from .transcriber_export import export_transcriber_encoder
+
+            graphs.update(export_transcriber_encoder(
+                transcriber, cfg.mimi_config, batch, stage, stage / graphs[MIMI_ENCODER].file,
+                ckpt.source, progress))
         contents = ["codec"]
         stt_cfg = None
         tokenizer = voices = None

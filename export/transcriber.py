@@ -6,7 +6,8 @@ The checkpoint is a directory (or hub repository) as Kyutai publishes one for mo
                         stt_config, lm_gen_config, mimi_name, tokenizer_name
     model.safetensors   bf16, moshi's names: transformer.layers.{i}.*, out_norm, emb.{0..n_q-1},
                         text_emb, text_linear, and in the -candle weights extra_heads.{0..3}
-    <mimi_name>         the Mimi codec: the same file as PersonaPlex's (compared by sha256)
+    <mimi_name>         the Mimi codec: PersonaPlex's (its encoder's first 8 codes are checked
+                        against the model's: export/transcriber_export.py)
     <tokenizer_name>    its SentencePiece model
 
 The step is Helium's (export/helium.py) over 1 + n_q streams, with the VAD heads on its normed
@@ -153,23 +154,15 @@ def resolve_transcriber(spec: str, progress: Callable[[str], None] = print) -> T
     return _finish(spec, config, *files, revision=config.parent.name)
 
 
-def check_shared_codec(stt: TranscriberFiles, codec_sha256: str | None,
-                       mimi_cfg: PersonaPlexMimiConfig, codec_source: str) -> None:
-    """The transcriber reads the codes of PersonaPlex's own encode: only where both use one
-    codec (the same Mimi file) and it has the codebooks the transcriber reads."""
+def check_shared_codec(stt: TranscriberFiles, mimi_cfg: PersonaPlexMimiConfig) -> None:
+    """The transcriber reads the codes of PersonaPlex's own encode: only where the codec has
+    the codebooks it reads. (That both use one codec is checked on the codes themselves, once
+    its encoder is exported: transcriber_export.export_transcriber_encoder.)"""
     n_q = stt.config.num_audio_codebooks
     if not CODEBOOKS_PER_SPEAKER <= n_q <= mimi_cfg.num_quantizers:
         raise ConfigError(f"{stt.source}/{CONFIG_FILE}: field 'n_q' is {n_q}: the shared Mimi "
                           f"encode makes {CODEBOOKS_PER_SPEAKER}..{mimi_cfg.num_quantizers} "
                           "codebooks")
-    if codec_sha256 is not None:
-        mine = sha256_file(stt.mimi)
-        if mine != codec_sha256:
-            raise CheckpointError(
-                f"{stt.mimi} (config.json field 'mimi_name') is not the codec of {codec_source} "
-                f"(sha256 {mine[:12]}... against {codec_sha256[:12]}...): the transcriber must "
-                "read the codes of the same Mimi; use a transcriber trained on PersonaPlex's "
-                "codec (Kyutai's STT models are)")
 
 
 # ---- weights -------------------------------------------------------------------------------------

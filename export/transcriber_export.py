@@ -1,12 +1,16 @@
 """A transcriber added to a model directory already exported (`personaplex-edge export
---transcriber STT_CK --out DIR`, without --checkpoint).
+--transcriber STT_CK --out DIR`, without --checkpoint), and the codec check both exports make.
 
+    the flags       what applies to the model as it was exported (its precision, backend,
+                    batch, KV dtype) is refused up front, naming the flags (exit 2); what
+                    applies to what is added is honoured: --transcriber-precision, --verify,
+                    the engine flags on a TensorRT model (its two new graphs' engines are
+                    built), --push-to-hub
     the model       read and checked as the runtime reads it (every file against its hash)
-    the codec       the transcriber's Mimi file must be the model's (the manifest keeps the
-                    codec weights' sha256); its encoder is exported again making n_q codebooks,
-                    and run beside the model's own on the export's check inputs: its first 8
-                    codes must be the model's (which also stands in for the hash where an
-                    older manifest has none)
+    the codec       the transcriber's own Mimi file makes its codes: its encoder is exported
+                    making n_q codebooks and run beside the model's own on the export's check
+                    inputs; its first 8 codes must be the model's, frame after frame (a
+                    byte-for-byte copy of the file is not needed: the weights decide)
     the step        transcriber_step.onnx in the LM's precision (or --transcriber-precision),
                     checked as export_model checks it, and the transcriber's tokenizer
 
@@ -18,15 +22,20 @@ interrupted run leaves the model as it was.
 from __future__ import annotations
 
 import dataclasses
+import os
+import tempfile
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from personaplex_edge.atomic import staged_dir
-from personaplex_edge.contract import CODES, HELIUM_STEP, MIMI_ENCODER, TRANSCRIBER_STEP
-from personaplex_edge.errors import CheckpointError
-from personaplex_edge.manifest import Manifest, load_model_dir, sha256_file, write_manifest
+from personaplex_edge.config import PersonaPlexMimiConfig
+from personaplex_edge.contract import (CODES, DEPFORMER_STEP, HELIUM_STEP, MIMI_ENCODER,
+                                       TRANSCRIBER_STEP)
+from personaplex_edge.errors import CheckpointError, PersonaPlexError
+from personaplex_edge.manifest import (GraphEntry, Manifest, load_model_dir, sha256_file,
+                                       write_manifest)
 from personaplex_edge.streams import CODEBOOKS_PER_SPEAKER
 
 from .mimi import load_mimi
@@ -35,6 +44,7 @@ from .precision_plan import check_transcriber_plan
 from .transcriber import TranscriberFiles, check_shared_codec, export_transcriber_graph
 
 Progress = Callable[[str], None]
+NEW_GRAPHS = (MIMI_ENCODER, TRANSCRIBER_STEP)  # what adding a transcriber writes anew
 
 
 def _graph_files(manifest: Manifest, name: str) -> list[str]:
@@ -67,13 +77,46 @@ def same_first_codes(old: Path, new: Path, inputs, state, calls: int = CODEC_CHE
     return True
 
 
+def export_transcriber_encoder(stt: TranscriberFiles, mimi_cfg: PersonaPlexMimiConfig,
+                               batch: int, stage: Path, model_encoder: Path, model: str,
+                               progress: Progress) -> dict[str, GraphEntry]:
+    """The encoder of the transcriber's own codec, making the n_q codebooks it reads, exported
+    into `stage` in place of the model's encoder; refused (CheckpointError naming the file and
+    its field) unless its first 8 codes are those of `model_encoder`, the encoder graph of
+    `model`, call after call on the export's check inputs: then one encode per frame feeds
+    both models."""
+    mimi = load_mimi(stt.mimi, mimi_cfg)
+    encoder = load_mimi(stt.mimi, dataclasses.replace(
+        mimi_cfg, num_codebooks=stt.config.num_audio_codebooks))
+    step = next(codec_steps(mimi, batch, encoder, (MIMI_ENCODER,)))
+    _, _, _, inputs, _, state, _ = step
+    with tempfile.TemporaryDirectory(dir=stage, prefix=".transcriber-encoder-") as tmp:
+        graphs = export_codec([step], Path(tmp), progress)
+        del mimi, encoder
+        entry = graphs[MIMI_ENCODER]
+        if not same_first_codes(model_encoder, Path(tmp) / entry.file, inputs, state):
+            raise CheckpointError(
+                f"{stt.mimi} (config.json field 'mimi_name') is not the codec of {model}: its "
+                f"encoder makes other codes than the model's; the transcriber must read the "
+                "codes of the same Mimi (Kyutai's STT models use PersonaPlex's)")
+        for name in (entry.file, *entry.data_files):
+            os.replace(Path(tmp) / name, stage / name)
+    progress(f"  {MIMI_ENCODER}.onnx: the transcriber's codec, its first "
+             f"{CODEBOOKS_PER_SPEAKER} codes the model's own encoder's")
+    return graphs
+
+
 def add_transcriber(model_dir: str | Path, stt: TranscriberFiles, precision: str | None = None,
-                    verify: str = "auto", progress: Progress = print) -> Manifest:
-    """Adds (or replaces) the transcriber of the model in `model_dir` (module docstring)."""
+                    verify: str = "auto", progress: Progress = print,
+                    engine_builder: Callable | None = None) -> Manifest:
+    """Adds (or replaces) the transcriber of the model in `model_dir` (module docstring).
+    `engine_builder`: on a TensorRT model, builds the engines of the graphs it is given
+    (trt_build.build_engines with the --library, --targets, --weightless setup); without one
+    they are left to `engines --graphs` or the first run on a GPU."""
     model_dir = Path(model_dir)
     manifest = load_model_dir(model_dir, need="lm", progress=progress)
     cfg = manifest.config
-    check_shared_codec(stt, manifest.codec_sha256, cfg.mimi_config, str(model_dir))
+    check_shared_codec(stt, cfg.mimi_config)
     helium = manifest.graphs[HELIUM_STEP]
     precision = precision or helium.precision
     plan, warnings = check_transcriber_plan(precision, manifest.backend,
@@ -81,9 +124,6 @@ def add_transcriber(model_dir: str | Path, stt: TranscriberFiles, precision: str
     for line in warnings:
         progress(line)
     batch = manifest.batch
-    mimi = load_mimi(stt.mimi, cfg.mimi_config)
-    encoder = load_mimi(stt.mimi, dataclasses.replace(
-        cfg.mimi_config, num_codebooks=stt.config.num_audio_codebooks))
     old_transcriber = manifest.transcriber
     stale = _graph_files(manifest, MIMI_ENCODER) + _graph_files(manifest, TRANSCRIBER_STEP)
     files = dict(manifest.files)
@@ -95,18 +135,9 @@ def add_transcriber(model_dir: str | Path, stt: TranscriberFiles, precision: str
             (stage / rel).unlink(missing_ok=True)
         graphs = dict(manifest.graphs)
         graphs.pop(TRANSCRIBER_STEP, None)
-        step = next(codec_steps(mimi, batch, encoder, (MIMI_ENCODER,)))
-        graphs.update(export_codec([step], stage, progress))
-        _, _, _, inputs, _, state, _ = step
-        del mimi, encoder
-        if not same_first_codes(model_dir / manifest.graphs[MIMI_ENCODER].file,
-                                stage / graphs[MIMI_ENCODER].file, inputs, state):
-            raise CheckpointError(
-                f"{stt.mimi} (config.json field 'mimi_name') is not the codec of {model_dir}: "
-                "its encoder makes other codes than the model's; the transcriber must read the "
-                "codes of the same Mimi")
-        progress(f"  {MIMI_ENCODER}.onnx: its first {CODEBOOKS_PER_SPEAKER} codes are the "
-                 "model's own encoder's")
+        graphs.update(export_transcriber_encoder(
+            stt, cfg.mimi_config, batch, stage, model_dir / manifest.graphs[MIMI_ENCODER].file,
+            str(model_dir), progress))
         stt_graphs, stt_files, stt_cfg = export_transcriber_graph(
             stt, stage, batch, progress, verify, plan, taken=set(files))
         graphs.update(stt_graphs)
@@ -116,11 +147,65 @@ def add_transcriber(model_dir: str | Path, stt: TranscriberFiles, precision: str
         updated = dataclasses.replace(
             manifest, graphs=graphs, files=files, contents=contents, transcriber=stt_cfg,
             codec_sha256=manifest.codec_sha256 or sha256_file(stt.mimi))
-        if manifest.backend == "tensorrt":
-            progress(f"  no TensorRT engines built for {MIMI_ENCODER} and {TRANSCRIBER_STEP}: "
-                     f"build them on the target GPU with personaplex-edge engines --model "
-                     f"{model_dir}")
+        if manifest.backend == "tensorrt" and engine_builder is not None:
+            updated = engine_builder(stage, updated, graphs=list(NEW_GRAPHS),
+                                     progress=progress)
+        elif manifest.backend == "tensorrt":
+            progress(f"  no TensorRT engines built for {' and '.join(NEW_GRAPHS)}: build them "
+                     f"on the target GPU with personaplex-edge engines --model {model_dir} "
+                     f"--graphs {','.join(NEW_GRAPHS)}")
         write_manifest(stage, updated)
         load_model_dir(stage, progress=progress)
     progress(f"wrote {model_dir} ({', '.join(updated.contents)})")
     return updated
+
+
+# ---- the command ---------------------------------------------------------------------------------
+
+def check_add_flags(args, manifest: Manifest, model_dir: str) -> None:
+    """The export flags of `args` (the CLI's) that cannot apply to a transcriber added to
+    `manifest`'s model, refused in one PersonaPlexError naming each and why: the model's own
+    settings, fixed when it was exported (a value equal to the model's passes), and engine
+    flags where no engine is built."""
+    helium, depformer = manifest.graphs[HELIUM_STEP], manifest.graphs.get(DEPFORMER_STEP)
+    kv = helium.rings[0].dtype if helium.rings else None
+    fixed = []  # (flag with its value, the model's)
+    if args.precision != "fp32" and args.precision != helium.precision:
+        fixed.append((f"--precision {args.precision}", f"precision {helium.precision}"))
+    if args.depformer_precision and depformer is not None \
+            and args.depformer_precision != depformer.precision:
+        fixed.append((f"--depformer-precision {args.depformer_precision}",
+                      f"depformer precision {depformer.precision}"))
+    if args.kv_dtype and args.kv_dtype != kv:
+        fixed.append((f"--kv-dtype {args.kv_dtype}", f"KV {kv}"))
+    if args.backend != "onnx" and args.backend != manifest.backend:
+        fixed.append((f"--backend {args.backend}", f"backend {manifest.backend}"))
+    if args.batch != 1 and args.batch != manifest.batch:
+        fixed.append((f"--batch {args.batch}", f"batch {manifest.batch}"))
+    out = []
+    if fixed:
+        out.append(f"{', '.join(f for f, _ in fixed)} (the model's own, fixed when it was "
+                   f"exported: {', '.join(m for _, m in fixed)}; the transcriber's precision "
+                   "is --transcriber-precision)")
+    if args.codec_only:
+        out.append("--codec-only (a transcriber goes with a language model)")
+    engine = [f for f, on in ((f"--library {args.library}", args.library != "auto"),
+                              (f"--targets {args.targets}", args.targets),
+                              ("--weightless", args.weightless)) if on]
+    if engine and manifest.backend != "tensorrt":
+        out.append(f"{', '.join(engine)} (they build TensorRT engines; the model runs on "
+                   f"{manifest.backend})")
+    elif engine and args.no_engines:
+        out.append(f"{', '.join(engine)} with --no-engines (they build engines; it builds none)")
+    if out:
+        raise PersonaPlexError(
+            f"export --transcriber without --checkpoint adds a transcriber to the model at "
+            f"{model_dir}; these flags cannot apply to it: {'; '.join(out)}. Leave them out, or "
+            "export the model again with --checkpoint")
+
+
+def builds_engines(args, manifest: Manifest) -> bool:
+    """Whether adding a transcriber builds its graphs' engines now: on a TensorRT model whose
+    engine flags ask for them (--library, --targets, --weightless)."""
+    return manifest.backend == "tensorrt" and not args.no_engines and bool(
+        args.library != "auto" or args.targets or args.weightless)

@@ -113,20 +113,38 @@ def cmd_export(args) -> int:
 
 def _export_transcriber(args) -> int:
     """`export --transcriber STT --out DIR` without --checkpoint: the transcriber added to the
-    model already exported at DIR (export/transcriber_export.py)."""
+    model already exported at DIR (export/transcriber_export.py). The flags that cannot apply
+    to it are refused first; the engine flags build its graphs' engines on a TensorRT model;
+    --push-to-hub publishes the result."""
     if not args.transcriber:
         raise PersonaPlexError("export needs --checkpoint (or --transcriber STT_CHECKPOINT "
                                "alone, to add a transcriber to the model at --out)")
     if not (Path(args.out) / "manifest.json").is_file():
         raise PersonaPlexError(f"--out {args.out} is not an exported model: give --checkpoint "
                                "to export one with the transcriber, or --out an exported model")
+    from .contract import HELIUM_STEP
     from .export.transcriber import resolve_transcriber
-    from .export.transcriber_export import add_transcriber
+    from .export.transcriber_export import add_transcriber, builds_engines, check_add_flags
+    from .manifest import read_manifest
 
+    manifest, _ = read_manifest(Path(args.out) / "manifest.json")
+    check_add_flags(args, manifest, args.out)
+    builder = None
+    if builds_engines(args, manifest):  # checked now, not after the export
+        from .runtime.backends.engines_entry import export_builder
+
+        precision = args.transcriber_precision or manifest.graphs[HELIUM_STEP].precision
+        builder = export_builder(argparse.Namespace(**{**vars(args), "backend": "tensorrt"}),
+                                 ["fp32", precision])
     t0 = time.perf_counter()
     add_transcriber(args.out, resolve_transcriber(args.transcriber),
-                    precision=args.transcriber_precision, verify=args.verify)
+                    precision=args.transcriber_precision, verify=args.verify,
+                    engine_builder=builder)
     print(f"done in {time.perf_counter() - t0:.1f} s")
+    if args.push_to_hub:
+        from .publish import push_model
+
+        print(f"published: {push_model(args.out, args.push_to_hub, args.private)}")
     return 0
 
 

@@ -188,13 +188,22 @@ def _edit_config(**fields):
 
 
 def _other_mimi(root):
+    """Another codec under the transcriber's Mimi name: the same sizes, other weights."""
+    from moshi_reference import reference_mimi, save_published
+
+    name = json.loads((root / "config.json").read_text())["mimi_name"]
+    save_published(reference_mimi(stt_bundle().cfg.mimi_config, seed=7), root / name)
+
+
+def _resaved_mimi(root):
+    """The same codec in other bytes: its tensors saved again, as another tool would write
+    them (another header, another sha256)."""
     from safetensors.numpy import load_file, save_file
 
     name = json.loads((root / "config.json").read_text())["mimi_name"]
     tensors = load_file(str(root / name))
-    key = next(k for k in sorted(tensors) if k.endswith("embedding_sum"))
-    tensors[key] = tensors[key] * 1.01
-    save_file(tensors, str(root / name))
+    save_file(dict(reversed(list(tensors.items()))), str(root / name),
+              metadata={"format": "np", "written_by": "another tool"})
 
 
 @pytest.mark.parametrize("change, names", [
@@ -216,6 +225,94 @@ def test_bad_transcriber_is_refused_naming_file_and_field(tmp_path, capsys, chan
         assert name in err, err
     assert not out.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".model")]
+
+
+def test_a_codec_in_other_bytes_with_the_same_weights_is_taken(tmp_path, run_outputs):
+    """The transcriber's Mimi file need not be PersonaPlex's byte for byte: its weights
+    decide (the first 8 codes of its encoder, frame after frame, are the model's), both when
+    it is exported with the model and when it is added to one; and the user's words are then
+    the same as with the very file."""
+    from personaplex_edge.manifest import sha256_file
+
+    b = stt_bundle()
+    stt = _bad_copy(tmp_path, _resaved_mimi)
+    name = b.stt_config["mimi_name"]
+    assert sha256_file(stt / name) != sha256_file(b.stt_checkpoint / name)
+    together = tmp_path / "together"
+    assert main(["export", "--checkpoint", str(b.checkpoint), "--transcriber", str(stt),
+                 "--out", str(together)]) == 0
+    added = tmp_path / "added"
+    shutil.copytree(plain_model_dir(), added)
+    assert main(["export", "--transcriber", str(stt), "--out", str(added)]) == 0
+    work = run_outputs["work"]
+    for model in (together, added):
+        assert main(["run", "--model", str(model), "--input", str(work / "in.wav"), "--output",
+                     str(tmp_path / "o.wav"), "--user-text-out", str(tmp_path / "u.json"),
+                     "--greedy", "--no-persona"]) == 0
+        assert json.loads((tmp_path / "u.json").read_text()) == run_outputs["user"]
+
+
+def test_another_codec_added_to_a_model_is_refused(tmp_path, capsys):
+    model = tmp_path / "model"
+    shutil.copytree(plain_model_dir(), model)
+    before = (model / "manifest.json").read_bytes()
+    stt = _bad_copy(tmp_path, _other_mimi)
+    assert main(["export", "--transcriber", str(stt), "--out", str(model)]) == 2
+    err = capsys.readouterr().err
+    assert "mimi_name" in err and "other codes than the model's" in err
+    assert (model / "manifest.json").read_bytes() == before
+
+
+def test_adding_a_transcriber_refuses_the_flags_that_cannot_apply(tmp_path, capsys):
+    """Added to an exported model (onnx, fp32, batch 1), the model's own settings and the
+    engine flags of a model without engines cannot apply: one message names them all (exit 2,
+    nothing written), instead of an fp32 transcriber on an onnx manifest."""
+    b = stt_bundle()
+    model = tmp_path / "model"
+    shutil.copytree(plain_model_dir(), model)
+    before = (model / "manifest.json").read_bytes()
+    flags = ["--precision", "int4", "--backend", "tensorrt", "--library", "rtx", "--targets",
+             "8.9", "--weightless", "--batch", "4", "--kv-dtype", "float16"]
+    assert main(["export", "--transcriber", str(b.stt_checkpoint), "--out", str(model),
+                 *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1, err
+    for named in ("--precision int4", "--backend tensorrt", "--library rtx", "--targets 8.9",
+                  "--weightless", "--batch 4", "--kv-dtype float16", "--transcriber-precision",
+                  "precision fp32", "batch 1", "backend onnx"):
+        assert named in err, (named, err)
+    assert (model / "manifest.json").read_bytes() == before
+    # the model's own values pass: they change nothing
+    assert main(["export", "--transcriber", str(b.stt_checkpoint), "--out", str(model),
+                 "--precision", "fp32", "--batch", "1", "--kv-dtype", "float32"]) == 0
+
+
+def test_adding_a_transcriber_to_a_tensorrt_model_builds_its_engines_as_asked(tmp_path,
+                                                                             capsys):
+    """On a TensorRT model, --library rtx --targets 8.9 build the engines of the two graphs
+    the transcriber adds (the encoder, its step) for those targets - TensorRT for RTX builds
+    without a GPU - and leave the others' as they were; without them, the closing hint names
+    those two graphs, not every engine."""
+    pytest.importorskip("tensorrt_rtx", reason="TensorRT for RTX is not installed: pip "
+                                               "install 'personaplex-edge[rtx]'")
+    from personaplex_edge.export.precision import convert_model_dir
+
+    b = stt_bundle()
+    model = tmp_path / "fp16"
+    convert_model_dir(plain_model_dir(), model, "fp16", backend="tensorrt",
+                      progress=lambda s: None)
+    assert main(["export", "--transcriber", str(b.stt_checkpoint), "--out", str(model)]) == 0
+    hint = [line for line in capsys.readouterr().out.splitlines() if "no TensorRT engines" in line]
+    assert len(hint) == 1 and hint[0].endswith(
+        f"engines --model {model} --graphs mimi_encoder,transcriber_step"), hint
+    assert main(["export", "--transcriber", str(b.stt_checkpoint), "--out", str(model),
+                 "--library", "rtx", "--targets", "8.9"]) == 0
+    graphs = json.loads((model / "manifest.json").read_text())["graphs"]
+    built = {name for name, g in graphs.items() if g.get("engine")}
+    assert built == {"mimi_encoder", "transcriber_step"}, built
+    for name in built:
+        assert graphs[name]["engine"]["targets"] == ["8.9"], graphs[name]["engine"]
+        assert (model / graphs[name]["engine"]["file"]).is_file()
 
 
 def test_transcriber_added_to_an_exported_model(tmp_path, run_outputs):
