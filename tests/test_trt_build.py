@@ -454,12 +454,16 @@ def test_simulated_gpu_the_engine_cache_is_keyed_per_graph_and_pruned(downloaded
     (cache,) = _cached_engines(tmp_path)
     assert _graphs_of(cache) == sorted(names)
 
+    assert start(model)[0] == []  # found: each engine hashed once and stamped
     _reexport(model, "mimi_encoder")
     old_encoder = sorted(cache.glob("mimi_encoder-*.engine"))
     built, said = start(model)
     assert built == ["mimi_encoder"]
     assert f"{old_encoder[0].name} (0 MB): mimi_encoder of {model.resolve()} changed" in said
     assert _graphs_of(cache) == sorted(names) and not old_encoder[0].exists()
+    stamped = json.loads((cache / "verified.json").read_text())  # the old encoder's forgotten
+    assert sorted(stamped) == sorted(p.name for p in cache.glob("*.engine")
+                                     if not p.name.startswith("mimi_encoder-"))
 
     copy = tmp_path / "copy"
     shutil.copytree(model, copy)

@@ -259,9 +259,13 @@ def prune(progress: Callable[[str], None] | None = print) -> list[str]:
         removed.append(f"{path.parent.name}/{spec.file} ({size / 1e6:.0f} MB): "
                        + ("; ".join(why) or "no model uses it"))
         freed += size
-    for directory in root.iterdir():  # a GPU's directory left with its stamps alone
-        if directory.is_dir() and not any(p.name != _STAMPS for p in directory.iterdir()):
-            shutil.rmtree(directory, ignore_errors=True)
+    for directory in root.iterdir():
+        if not directory.is_dir():
+            continue
+        if not any(p.name != _STAMPS for p in directory.iterdir()):
+            shutil.rmtree(directory, ignore_errors=True)  # left with its stamps alone
+        elif removed:
+            _tidy_stamps(directory)
     if removed and progress is not None:
         progress(f"removed from the engine cache {root} ({freed / 1e6:.0f} MB):\n  "
                  + "\n  ".join(removed))
@@ -284,6 +288,14 @@ def _newest(records: list[tuple[Path, dict]]) -> dict[tuple, Path]:
             if at not in newest or built > newest[at][0]:
                 newest[at] = (built, path)
     return {at: path for at, (_, path) in newest.items()}
+
+
+def _tidy_stamps(directory: Path) -> None:
+    """The hash stamps of the files still there (verify_files keeps one per file it hashed)."""
+    stamps = _read(directory / _STAMPS)
+    kept = {name: stamp for name, stamp in stamps.items() if (directory / name).is_file()}
+    if len(kept) < len(stamps):
+        _write(directory / _STAMPS, kept)
 
 
 def _gpu_of(directory: Path) -> str:
