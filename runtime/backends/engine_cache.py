@@ -235,6 +235,7 @@ def prune(progress: Callable[[str], None] | None = print) -> list[str]:
     users = _Users()
     records = [(p, _read(p)) for p in sorted(root.glob("*/*.json")) if p.name != _STAMPS]
     newest = _newest(records)
+    emptied: set[Path] = set()  # the directories engines were removed from
     for path, record in records:
         graph, spec = record.get("graph"), _spec(record.get("engine"))
         key = path.stem[len(graph) + 1:] if isinstance(graph, str) else ""
@@ -259,12 +260,11 @@ def prune(progress: Callable[[str], None] | None = print) -> list[str]:
         removed.append(f"{path.parent.name}/{spec.file} ({size / 1e6:.0f} MB): "
                        + ("; ".join(why) or "no model uses it"))
         freed += size
-    for directory in root.iterdir():
-        if not directory.is_dir():
-            continue
+        emptied.add(path.parent)
+    for directory in emptied:  # (never one another process has just made for its build)
         if not any(p.name != _STAMPS for p in directory.iterdir()):
             shutil.rmtree(directory, ignore_errors=True)  # left with its stamps alone
-        elif removed:
+        else:
             _tidy_stamps(directory)
     if removed and progress is not None:
         progress(f"removed from the engine cache {root} ({freed / 1e6:.0f} MB):\n  "
