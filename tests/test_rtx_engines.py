@@ -263,6 +263,11 @@ def test_auto_on_a_machine_without_a_gpu_builds_with_rtx_though_mainline_is_inst
         assert "Build portable engines for RTX GPUs here with --library rtx (pip install " \
                "'personaplex-edge[rtx]'" in err, err
         assert err.count("\n") == 1 and "Traceback" not in err
+    with monkeypatch.context() as m:  # --targets: TensorRT for RTX's, whatever else is here
+        m.setitem(sys.modules, "tensorrt_rtx", None)
+        assert main(["engines", "--model", str(model), "--targets", "8.9"]) == 2
+    err = capsys.readouterr().err
+    assert "--targets are TensorRT for RTX's: TensorRT for RTX cannot be used here" in err, err
     assert mainline.builds == [] and {p.name: p.read_bytes() for p in model.iterdir()} == before
 
 

@@ -143,8 +143,13 @@ def _choose_library(name: str | None, asked: tuple[str, ...] | None):
     from .cuda_runtime import CudaError
     from .trt_library import MAINLINE, TensorRTMissing
 
-    if name == RTX or (name is None and asked):
+    if name == RTX:
         return load_library(RTX), None, ""  # TensorRTMissing names its install line
+    if name is None and asked:
+        try:
+            return load_library(RTX), None, ""
+        except TensorRTMissing as e:
+            raise TensorRTMissing(f"--targets are TensorRT for RTX's: {e}") from None
     try:
         mainline = load_library(MAINLINE)
     except TensorRTMissing:
