@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ pytest.importorskip("aiohttp")
 
 from bench_serve import HELLO, ServerThread  # noqa: E402
 from browser.cdp import Chromium, find_chromium  # noqa: E402
+from own_network import in_own_network  # noqa: E402
 
 from personaplex_edge.runtime.persona import DEFAULT_TEXT_PROMPT  # noqa: E402
 from personaplex_edge.runtime.serve import ServeOptions  # noqa: E402
@@ -96,21 +96,12 @@ def test_the_page_talks_with_the_server(demo_model_dir, tmp_path):
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def _in_own_network(argv: list[str]) -> list[str]:
-    """argv inside a network namespace of its own holding only a loopback (root, unshare and
-    ip): nothing the call does can leave this machine. Elsewhere argv as it is (a developer's
-    own machine: the server offers loopback only, the browser takes it)."""
-    if os.geteuid() == 0 and shutil.which("unshare") and shutil.which("ip"):
-        return ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$0" "$@"', *argv]
-    return argv
-
-
 def _webrtc_scene(model_dir, tmp_path, *args: str) -> dict:
-    """tests/browser/webrtc_call.py (a server and Chromium) in a network of its own: its
-    result.json."""
+    """tests/browser/webrtc_call.py (a server and Chromium) in a network of its own holding
+    only a loopback (own_network.py): its result.json."""
     scene = Path(__file__).parent / "browser" / "webrtc_call.py"
     out = tmp_path / "scene"
-    done = subprocess.run(_in_own_network([sys.executable, str(scene), str(model_dir),
+    done = subprocess.run(in_own_network([sys.executable, str(scene), str(model_dir),
                                            str(out), *args]),
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -816,3 +816,18 @@ def test_the_events_waiting_to_be_read_are_counted_in_bytes():
     assert ended is None and transport._inbox.qsize() == 1000
     ended, _ = asyncio.run(burst(["x" * MAX_MESSAGE_BYTES] * 5))
     assert ended is not None and str(MAX_INBOX_BYTES) in ended
+
+
+def test_serve_says_the_token_guards_the_calls_too():
+    """The line `serve` prints once it listens names what needs the token: the WebSockets and
+    the WebRTC calls (or the client keys made with it)."""
+    from pathlib import Path
+
+    from personaplex_edge.runtime.serve.server import serving_line
+
+    line = serving_line("demo", "http://127.0.0.1:8998/", False,
+                        ServeOptions(Path("demo"), auth_token=TOKEN))
+    assert "WebSockets and WebRTC calls need the --auth-token" in line
+    assert "client key" in line
+    assert "auth-token" not in serving_line("demo", "http://127.0.0.1:8998/", False,
+                                            ServeOptions(Path("demo")))

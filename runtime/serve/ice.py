@@ -7,8 +7,15 @@
   (a context variable, so an aiortc client in the same process gathers as it would anyway).
 - STUN and TURN servers (`--ice-server`) only where configured: nothing is contacted by
   default (aiortc's own default is a public STUN server; an empty list turns it off).
-- A server whose addresses are all loopback takes only loopback candidates from an offer: it
-  could reach no other, and checks sent to them would be traffic off this machine.
+- A server whose addresses are all loopback takes from an offer only the candidates whose
+  address is this machine's own: loopback, or the address of one of its interfaces. Traffic to
+  an address of its own never leaves a machine (the kernel delivers it through loopback), so
+  a client on the same machine is reached wherever it gathered (aiortc gathers no loopback
+  candidate at all), and nothing is ever sent to another one. Where it took candidates out, the
+  offer's end-of-candidates goes too: the server still answers with its own candidates (aioice
+  would drop a component left without remote candidates, and answer with none) and learns the
+  client's from the checks that reach it - which only this machine can send to its loopback.
+  A browser's mDNS names (`*.local`) are never resolved: that would be multicast on the LAN.
 """
 
 from __future__ import annotations
@@ -110,20 +117,26 @@ def gathering_on(addresses: tuple[str, ...]):
 
 
 def reachable_candidates(sdp: str, options: IceOptions) -> str:
-    """The offer with the candidates this server could never reach taken out (all but
-    loopback ones, for a server on loopback only)."""
+    """The offer as this server takes it: on loopback only, the candidates at this machine's own
+    addresses kept and the rest (with the end-of-candidates that would close the list) taken
+    out; elsewhere as it is."""
     if not options.loopback_only:
         return sdp
+    own = {ipaddress.ip_address(a) for a in interface_addresses(ipv6=True)}
     lines = sdp.splitlines()
-    kept = [line for line in lines if not line.startswith("a=candidate:")
-            or _loopback_candidate(line)]
+    dropped = [line for line in lines if line.startswith("a=candidate:")
+               and not _on_this_machine(line, own)]
+    if not dropped:
+        return sdp
+    kept = [line for line in lines if line not in dropped and line != "a=end-of-candidates"]
     return "\r\n".join(kept) + "\r\n"
 
 
-def _loopback_candidate(line: str) -> bool:
+def _on_this_machine(line: str, own: set) -> bool:
     # a=candidate:FOUNDATION COMPONENT TRANSPORT PRIORITY ADDRESS PORT typ TYPE ...
     fields = line.split()
     try:
-        return ipaddress.ip_address(fields[4]).is_loopback
-    except (IndexError, ValueError):  # a name (mDNS .local): not loopback
+        address = ipaddress.ip_address(fields[4])
+    except (IndexError, ValueError):  # a name (mDNS .local): not resolved here
         return False
+    return address.is_loopback or address in own

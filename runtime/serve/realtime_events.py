@@ -301,6 +301,11 @@ class ServerEvents:
                           "output": {"format": pcm, "voice": s.voice, "speed": 1.0}},
                 "tools": [], "tool_choice": "auto", "max_output_tokens": "inf"}
 
+    def session_object(self, s: SessionView) -> dict:
+        """The session as this vocabulary shows it, outside an event: what a client key's
+        answer holds (client_secrets, the beta's /v1/realtime/sessions)."""
+        return self._session(s)
+
     def session_created(self, s: SessionView) -> str:
         return self._encode("session.created", session=self._session(s))
 

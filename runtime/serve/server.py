@@ -220,12 +220,7 @@ class Server:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal)
         await self.start()
-        o = self.options
-        where = " (and on every interface of this machine)" if self.everywhere else ""
-        self.say(f"serving {self.state.model_name} on {self.url}{where} (up to {o.max_sessions} "
-                 f"session{'s' if o.max_sessions != 1 else ''}"
-                 f"{'; its WebSockets need the --auth-token' if o.auth_token else ''}); "
-                 "Ctrl-C to stop")
+        self.say(serving_line(self.state.model_name, self.url, self.everywhere, self.options))
         try:
             await stop.wait()
         finally:
@@ -234,6 +229,15 @@ class Server:
             await self.stop()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
+
+
+def serving_line(model_name: str, url: str, everywhere: bool, o: ServeOptions) -> str:
+    """What `serve` says once it listens: where, how many sessions, and what a client needs."""
+    where = " (and on every interface of this machine)" if everywhere else ""
+    needs = ("; its WebSockets and WebRTC calls need the --auth-token (a browser's call: a "
+             "client key made with it)" if o.auth_token else "")
+    return (f"serving {model_name} on {url}{where} (up to {o.max_sessions} "
+            f"session{'s' if o.max_sessions != 1 else ''}{needs}); Ctrl-C to stop")
 
 
 def serve(options: ServeOptions, progress: Callable[[str], None] = print, model=None) -> int:

@@ -9,6 +9,15 @@ app holds instead of the server's token.
                                                answered for the allowed origins only
     POST    /v1/realtime/client_secrets        an `ek_` key for one call (client_keys.py)
 
+and OpenAI's first (beta) flow, which apps and evaluation tools still speak:
+
+    POST    /v1/realtime/sessions              the beta's key: the session's flat fields in,
+                                               the session and `client_secret: {value,
+                                               expires_at}` out
+    POST    /v1/realtime?model=M               the offer (application/sdp, the key as Bearer):
+                                               201 and the answer, the call's events in the
+                                               beta's names (the WebSocket's GET is app.py's)
+
 A call is checked as a WebSocket is (the Host, the Origin, the token or a client key), and
 refused as one is when every slot is taken (429, 503 while stopping: the same error, and no
 UDP port opened). Its offer is read and checked (webrtc_offer.py: 400 with the reason) before a
@@ -32,15 +41,16 @@ from .auth import origin_allowed, presented_tokens
 from .client_keys import KeyRequestError, is_client_key
 from .lifecycle import (Refusal, busy_reason, client_refusal, free_slot, origin_refusal,
                         take_slot)
-from .realtime_events import EventError
+from .realtime_events import EventError, ServerEvents
 from .state import STATE
 from .webrtc_offer import OfferError, check_offer, read_offer
-from .webrtc_session import check_start
+from .webrtc_session import check_start, starting_view
 
 log = logging.getLogger("personaplex_edge.serve")
 
 INSTALL_LINE = "pip install 'personaplex-edge[webrtc]'"
 PREFLIGHT_MAX_AGE_S = 600
+BETA_KEY_SECONDS = 60  # the beta's keys lived a minute
 KEY_REFUSED = ("this client key is spent, expired or unknown: ask your app's backend for a new "
                "one (POST /v1/realtime/client_secrets)")
 
@@ -110,6 +120,17 @@ def _caller_refusal(request: web.Request, key: str | None) -> Refusal | None:
 
 
 async def create_call(request: web.Request) -> web.StreamResponse:
+    """POST /v1/realtime/calls: the GA flow's call, its events in GA names."""
+    return await _call(request, beta=False)
+
+
+async def beta_call(request: web.Request) -> web.StreamResponse:
+    """POST /v1/realtime: the beta flow's call (the offer posted where the WebSocket is), its
+    events in the beta's names."""
+    return await _call(request, beta=True)
+
+
+async def _call(request: web.Request, beta: bool) -> web.StreamResponse:
     state = request.app[STATE]
     peer = request.remote or "?"
     key = _client_key(request)
@@ -147,7 +168,7 @@ async def create_call(request: web.Request) -> web.StreamResponse:
     kept = False  # else the call is closed, its slot freed and its key given back
     try:
         check_start(state, start)
-        call = Call(state, request, offer, start)
+        call = Call(state, request, offer, start, beta)
         answer = await call.answer()
         if state.stopping:  # it stopped while the answer was made: this call is not taken on
             return _error(503, "the server is shutting down", "server_error",
@@ -209,17 +230,40 @@ async def client_secret(request: web.Request) -> web.Response:
         session = body.get("session", {})
         if not isinstance(session, dict):
             raise KeyRequestError("session must be an object (the call's session)")
-        check_start(state, session)  # what the call would refuse, refused now
+        update = check_start(state, session)  # what the call would refuse, refused now
         key = state.client_keys.issue(session, body.get("expires_after"))
     except (KeyRequestError, EventError) as e:
         return _error(400, str(e), headers=_cors(request))
-    shown = {"type": "realtime", "object": "realtime.session", "model": state.model_name,
-             **key.session}
     log.info("%s: issued a client key, %d unspent", request.remote or "?",
              len(state.client_keys))
-    return web.Response(text=json.dumps({"value": key.value, "expires_at": int(key.expires_at),
-                                         "session": shown}),
-                        content_type="application/json", headers=_cors(request))
+    return web.json_response({"value": key.value, "expires_at": int(key.expires_at),
+                              "session": ServerEvents().session_object(
+                                  starting_view(state, update))}, headers=_cors(request))
+
+
+async def beta_session(request: web.Request) -> web.Response:
+    """POST /v1/realtime/sessions, the beta's key: the body is the session itself (flat
+    fields), with `client_secret.expires_after`; the answer the session as the beta shows it,
+    with `client_secret: {value, expires_at}`."""
+    state = request.app[STATE]
+    refusal = client_refusal(request, state)
+    if refusal is not None:
+        return _refused(request, refusal)
+    try:
+        body = await _json_body(request)
+        secret = body.pop("client_secret", None) or {}
+        if not isinstance(secret, dict):
+            raise KeyRequestError("client_secret must be an object: {\"expires_after\": "
+                                  "{\"anchor\": \"created_at\", \"seconds\": 60}}")
+        update = check_start(state, body)
+        key = state.client_keys.issue(body, secret.get("expires_after"), BETA_KEY_SECONDS)
+    except (KeyRequestError, EventError) as e:
+        return _error(400, str(e), headers=_cors(request))
+    log.info("%s: issued a client key (beta), %d unspent", request.remote or "?",
+             len(state.client_keys))
+    shown = ServerEvents(beta=True).session_object(starting_view(state, update))
+    return web.json_response({**shown, "client_secret": {
+        "value": key.value, "expires_at": int(key.expires_at)}}, headers=_cors(request))
 
 
 def add_routes(app: web.Application) -> None:
@@ -230,3 +274,9 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/realtime/calls/{call_id}/hangup", hang_up)
     app.router.add_route("OPTIONS", "/v1/realtime/calls/{call_id}/hangup", preflight)
     app.router.add_post("/v1/realtime/client_secrets", client_secret)
+    app.router.add_route("OPTIONS", "/v1/realtime/client_secrets", preflight)
+    # the beta flow: its key, and its call posted where the WebSocket is (GET, app.py)
+    app.router.add_post("/v1/realtime/sessions", beta_session)
+    app.router.add_route("OPTIONS", "/v1/realtime/sessions", preflight)
+    app.router.add_post("/v1/realtime", beta_call)
+    app.router.add_route("OPTIONS", "/v1/realtime", preflight)

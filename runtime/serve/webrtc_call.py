@@ -31,7 +31,7 @@ from aiortc.sdp import SessionDescription
 from .ice import gathering_on, reachable_candidates
 from .lifecycle import Transport, converse, free_slot, open_session
 from .realtime import RealtimeSession, RealtimeWire
-from .realtime_events import EventError, new_id, parse_session_update
+from .realtime_events import EventError, ServerEvents, new_id, parse_session_update
 from .session import ClientError
 from .state import ServerState
 from .webrtc_channel import MAX_MESSAGE_BYTES, cap_messages
@@ -104,8 +104,10 @@ class CallSession(RealtimeSession):
 class CallWire(RealtimeWire):
     name = "webrtc"
 
-    def __init__(self, request: web.Request, call: "Call", start: dict):
+    def __init__(self, request: web.Request, call: "Call", start: dict, beta: bool):
         super().__init__(request)
+        if beta:  # the beta flow's call (its page sends no OpenAI-Beta header)
+            self.events = ServerEvents(beta=True)
         self.call = call
         self._start = start
 
@@ -220,14 +222,15 @@ class Call:
     """One call on a slot the caller took; `answer` gives the SDP, `run` is its life (the slot
     is freed when it ends)."""
 
-    def __init__(self, state: ServerState, request: web.Request, offer: Offer, start: dict):
+    def __init__(self, state: ServerState, request: web.Request, offer: Offer, start: dict,
+                 beta: bool = False):
         self.id = new_id("rtc")
         self.state = state
         self.peer = request.remote or "?"
         self.offer = offer
         self.closing = False
         self.transport = CallTransport(self, offer.data_channel)
-        self.wire = CallWire(request, self, start)
+        self.wire = CallWire(request, self, start, beta)
         self.session: CallSession = open_session(state, self.wire, self.peer)  # EventError
         self.pc = RTCPeerConnection(state.ice.configuration())
         model = state.model

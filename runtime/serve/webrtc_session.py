@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..pcm_frames import PCM16
 from .params import MAX_TEXT_PROMPT_CHARS, ParamError
 from .realtime import OPENAI_VOICES
-from .realtime_events import EventError, SessionUpdate, parse_session_update
+from .realtime_events import EventError, SessionUpdate, SessionView, new_id, parse_session_update
 from .state import ServerState
 
 
@@ -41,8 +42,23 @@ def check_start(state: ServerState, session: dict) -> SessionUpdate:
     return update
 
 
-def shown_voice(state: ServerState, update: SessionUpdate) -> str | None:
-    """The voice the call will speak in, by the name session.created shows."""
+def starting_view(state: ServerState, update: SessionUpdate) -> SessionView:
+    """What the call's session.created will show of a start from `update` (a key's answer
+    shows it too)."""
+    transcriber = state.model.loaded.transcriber
+    transcription = None
+    if update.transcription and transcriber is not None:
+        name = transcriber.source
+        transcription = {"model": Path(name).name if name and Path(name).is_absolute()
+                         else name}
+    instructions = state.persona.text_prompt or "" if update.instructions is None \
+        else update.instructions.strip()
+    return SessionView(id=new_id("sess"), model=state.model_name, instructions=instructions,
+                       voice=_shown_voice(state, update),
+                       input_format=update.input_format or PCM16, transcription=transcription)
+
+
+def _shown_voice(state: ServerState, update: SessionUpdate) -> str | None:
     if update.voice is None or not update.voice.strip():
         return state.default_voice
     try:
