@@ -32,7 +32,6 @@ answers 501 with the line that installs it. The call itself: webrtc_call.py.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 
 from aiohttp import web
