@@ -1,7 +1,9 @@
-"""Random checkpoints in the published layout, for the built-in demo model.
+"""Random checkpoints in the published layout, for the built-in demo model: PersonaPlex's, and
+the demo's transcriber in the layout of Kyutai's STT checkpoints (sharing its Mimi file).
 
 Weights come from this project's own modules (seeded), written under the published key names, so
-the demo exercises exactly the loading path the real weights take. Such a model babbles.
+the demo exercises exactly the loading path the real weights take. Such a model babbles, and
+its transcriber hears babble.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from typing import Callable
 import torch
 from safetensors.torch import save_file
 
-from personaplex_edge.config import PersonaPlexConfig
+from personaplex_edge.config import PersonaPlexConfig, preset
+from personaplex_edge.transcriber import TRANSCRIBER_PRESETS, TranscriberConfig
 
 from .hub import CONFIG_FILE, LM_FILE, MIMI_FILE, TOKENIZER_FILE, VOICES_FILE
 from .mimi import Mimi, _checkpoint_name
@@ -168,3 +171,59 @@ def write_synthetic_checkpoint(cfg: PersonaPlexConfig, root: str | Path, seed: i
     (root / CONFIG_FILE).write_text(json.dumps(
         {"model_type": "personaplex", "version": "synthetic", **cfg.to_dict()}, indent=2))
     return root
+
+
+VAD_LOGIT_STD = 2.0  # the random VAD heads' logits: their probabilities move with the audio
+
+
+@torch.no_grad()
+def random_transcriber_tensors(cfg: TranscriberConfig, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Every tensor of a Kyutai STT `model.safetensors` for `cfg`, random (bf16), the VAD
+    heads' scaled so that their probability of no voice crosses the turn threshold now and
+    then: a random transcriber whose turns end."""
+    from .transcriber import VAD_KEY, expected_transcriber_tensors
+
+    gen = torch.Generator().manual_seed(seed + 4)
+    out = {}
+    for key, shape in sorted(expected_transcriber_tensors(cfg).items()):
+        if key.endswith(".alpha"):
+            t = torch.ones(shape)
+        elif "emb" in key.split(".")[0]:
+            t = torch.randn(shape, generator=gen)
+        elif key.startswith(VAD_KEY.split(".")[0]):  # normed hidden of unit rms: std * sqrt(D)
+            t = torch.randn(shape, generator=gen) * VAD_LOGIT_STD / shape[-1] ** 0.5
+        else:  # a linear layer [out, in]
+            t = torch.randn(shape, generator=gen) / shape[-1] ** 0.5
+        out[key] = t.to(torch.bfloat16)
+    return out
+
+
+def write_synthetic_transcriber(raw: dict, root: str | Path, mimi_file: Path,
+                                seed: int = 0) -> Path:
+    """A Kyutai STT checkpoint directory with random weights for config.json `raw` (text_card
+    left out: its tokenizer's size), sharing `mimi_file`, as resolve_transcriber reads one."""
+    import shutil
+
+    import sentencepiece as spm
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer(root / raw["tokenizer_name"])
+    raw = {**raw, "text_card": spm.SentencePieceProcessor(
+        model_file=str(tokenizer)).get_piece_size()}
+    cfg = TranscriberConfig.from_kyutai(raw, str(root / CONFIG_FILE))
+    save_file(random_transcriber_tensors(cfg, seed), str(root / "model.safetensors"))
+    shutil.copyfile(mimi_file, root / raw["mimi_name"])
+    (root / CONFIG_FILE).write_text(json.dumps(raw, indent=2))
+    return root
+
+
+def write_builtin(name: str, root: str | Path) -> tuple[Path, Path | None]:
+    """The checkpoints of built-in model `name` under `root`: PersonaPlex's, and its
+    transcriber's where it has one (TRANSCRIBER_PRESETS) - (checkpoint, transcriber or None)."""
+    root = Path(root)
+    ckpt = write_synthetic_checkpoint(preset(name), root / "personaplex")
+    raw = TRANSCRIBER_PRESETS.get(name)
+    stt = None if raw is None else write_synthetic_transcriber(raw, root / "transcriber",
+                                                               ckpt / MIMI_FILE)
+    return ckpt, stt

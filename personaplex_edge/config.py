@@ -408,6 +408,9 @@ PRESETS["demo"] = json.loads(json.dumps(PRESETS["tiny"]))
 PRESETS["demo"]["temporal_config"]["max_position_embeddings"] = 500
 # a text vocabulary the size of the demo's small SentencePiece model, so its babble is readable
 PRESETS["demo"].update(text_vocab_size=256, text_embedding_rows=257)
+# the 32 codebooks its transcriber reads (personaplex_edge/transcriber.py: TRANSCRIBER_PRESETS);
+# the first 8, all PersonaPlex reads, are drawn as before
+PRESETS["demo"]["mimi_config"]["num_quantizers"] = 32
 
 
 def preset(name: str) -> PersonaPlexConfig:

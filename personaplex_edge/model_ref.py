@@ -2,7 +2,9 @@
 
     a directory              itself (a path that exists wins over everything below)
     a built-in name          demo, tiny: random weights, exported on first use into the
-                             per-user cache (user_cache.py: ~/.cache/personaplex-edge/models/NAME)
+                             per-user cache (user_cache.py: ~/.cache/personaplex-edge/models/NAME);
+                             the demo with a transcriber of random weights too, so that every
+                             surface of the user's words works on it
     OWNER/NAME[@REVISION]    an exported model on the Hugging Face hub (hub_model.py), unless
                              OWNER is a directory here: models/NAME is a path, not an id
 
@@ -26,8 +28,8 @@ from .user_cache import user_cache_dir
 
 # What a built-in model holds, as export/synthetic.py makes it: bumped when that changes, so a
 # built-in exported by an older version is exported again instead of used (2: the voice bank's
-# published names, NATF0-3, NATM0-3, VARF0-4, VARM0-4)
-BUILTIN_RECIPE = "2"
+# published names, NATF0-3, NATM0-3, VARF0-4, VARM0-4; 3: the demo's transcriber)
+BUILTIN_RECIPE = "3"
 RECIPE_FILE = ".builtin-recipe"
 
 
@@ -90,16 +92,18 @@ def _builtin(name: str, progress: Callable[[str], None]) -> Path:
             "model directory or an exported model on the Hugging Face hub (OWNER/NAME), or "
             "install the export extra: pip install 'personaplex-edge[export,cpu]'")
     need_export_extra()
-    from .config import preset
     from .export.hub import resolve_checkpoint
     from .export.model_export import export_model
-    from .export.synthetic import write_synthetic_checkpoint
+    from .export.synthetic import write_builtin
+    from .export.transcriber import resolve_transcriber
 
     progress(f"first use of the built-in '{name}' model (random weights; it babbles): "
              f"exporting it to {target}")
     with tempfile.TemporaryDirectory() as tmp:
-        write_synthetic_checkpoint(preset(name), tmp)
-        export_model(resolve_checkpoint(tmp), target, progress=progress)
+        ckpt, stt = write_builtin(name, tmp)
+        export_model(resolve_checkpoint(str(ckpt)), target, progress=progress,
+                     transcriber=None if stt is None else resolve_transcriber(str(stt),
+                                                                              progress))
     write_text_atomic(recipe, BUILTIN_RECIPE + "\n")
     return target
 

@@ -61,6 +61,23 @@ def _where(where: str, name: str) -> str:
 # the transcriber the docs and the refusals name: English and French, with the VAD heads
 SUGGESTED_CHECKPOINT = "kyutai/stt-1b-en_fr-candle"
 
+# The built-in models' transcribers (export/synthetic.py writes them with random weights):
+# config.json as Kyutai publishes stt-1b-en_fr-candle's - 32 codebooks, the 0.5 s delay, four
+# VAD heads - at tiny widths; text_card is its tokenizer's size, filled in when it is written.
+TRANSCRIBER_PRESETS: dict[str, dict[str, Any]] = {
+    "demo": {
+        "card": 2048, "n_q": 32, "dep_q": 0, "delays": [0] * 33, "dim": 64, "num_heads": 4,
+        "num_layers": 2, "hidden_scale": 4.125, "context": 750, "max_period": 100000.0,
+        "gating": "silu", "norm": "rms_norm_f32", "positional_embedding": "rope",
+        "causal": True, "layer_scale": None, "existing_text_padding_id": TEXT_PAD,
+        "extra_heads_num_heads": 4, "extra_heads_dim": 6, "model_type": STT_MODEL_TYPE,
+        "stt_config": {"audio_delay_seconds": 0.5, "audio_silence_prefix_seconds": 0.0},
+        "lm_gen_config": {"temp": 0.0, "temp_text": 0.0, "top_k": 250, "top_k_text": 50},
+        "mimi_name": "mimi-pytorch-e351c8d8@125.safetensors",
+        "tokenizer_name": "tokenizer_en_fr_audio_8000.model",
+    },
+}
+
 
 def no_transcriber(model_dir=None) -> str:
     """Why a model cannot hear the user, with the command that adds a transcriber. A server

@@ -120,6 +120,17 @@ def plain_model_dir() -> Path:
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def builtin_demo_dir() -> Path:
+    """The built-in demo model as `--model demo` makes it on first use (into this session's
+    per-user cache, tests/conftest.py): with its transcriber of random weights. (Tests that
+    need no transcriber, or a model without one, take conftest.py's demo_model_dir: its
+    PersonaPlex alone.)"""
+    from personaplex_edge.model_ref import resolve_model
+
+    return resolve_model("demo", progress=lambda s: None)
+
+
 def heard_of(pcm: np.ndarray, flush: bool = False, end_turn_at: int | None = None) -> list:
     """The Python API's heard events (greedy, no persona) on exactly these frames (float32,
     24 kHz): what a server's transcription must equal for the frames its model stepped

@@ -21,8 +21,8 @@ pytest.importorskip("aiohttp")
 openai = pytest.importorskip("openai")
 
 from bench_serve import ServerThread  # noqa: E402
-from conftest_stt import (FRAMES, heard_of, plain_model_dir, serve_options,  # noqa: E402
-                          stt_bundle, stt_model_dir)
+from conftest_stt import (FRAMES, builtin_demo_dir, heard_of, plain_model_dir,  # noqa: E402
+                          serve_options, stt_bundle, stt_model_dir)
 from pydantic import TypeAdapter  # noqa: E402
 from realtime_sdk import sdk_events  # noqa: E402
 
@@ -352,3 +352,64 @@ def test_the_assistants_socket_events_carry_the_users_words(heard):
     assert [(e["event"], e["heard"], e["text"], e["step"]) for e in got] == [
         ("turn_end" if e.kind == "turn" else "heard", e.kind, e.text, e.frame)
         for e in events_api]
+
+
+# ---- the built-in demo ---------------------------------------------------------------------------
+def test_the_builtin_demo_hears_the_user_on_every_surface(tmp_path, capsys):
+    """`--model demo` has a transcriber of random weights (export/synthetic.py), so the user's
+    words work on it out of the box: `run --user-text-out` (a record of every frame, the
+    silence after included, and the heard line), stdio's HEARD (pieces, words, the turn's
+    end at EOF), and /v1/realtime with transcription on through the openai SDK - deltas and a
+    completed transcript, their join, and no error event. Its babble is random; what each
+    surface carries is checked against the Python API on the same audio."""
+    from bench_serve import HELLO
+
+    import personaplex_edge as pe
+    from personaplex_edge.audio import write_audio
+    from personaplex_edge.cli import main
+
+    demo = builtin_demo_dir()
+    model = pe.load(demo, device="cpu")
+    pcm = pe.read_audio(HELLO, model.sample_rate)
+    write_audio(tmp_path / "in.wav", pcm[:pcm.shape[0] // 1920 * 1920])
+    pcm = pe.read_audio(tmp_path / "in.wav")  # what run reads
+    try:
+        assert model.loaded.transcriber is not None
+        with model.conversation(persona=False, greedy=True) as conv:
+            response = conv.respond(pcm)
+        with model.conversation(persona=False, greedy=True) as conv:
+            for at in range(0, pcm.shape[0], 1920):
+                conv.step(pcm[at:at + 1920])
+            live = conv.heard_events()
+    finally:
+        model.close()
+    frames = pcm.shape[0] // 1920
+    assert len(response.heard_records) == frames + 18 and response.heard
+
+    capsys.readouterr()
+    assert main(["run", "--model", "demo", "--input", str(tmp_path / "in.wav"), "--output",
+                 str(tmp_path / "o.wav"), "--user-text-out", str(tmp_path / "u.json"),
+                 "--greedy", "--no-persona"]) == 0
+    assert f"heard: {response.heard}" in capsys.readouterr().out.splitlines()
+    assert len(json.loads((tmp_path / "u.json").read_text())) == len(response.heard_records)
+
+    pcm16 = pcm16_bytes(pcm)
+    done = subprocess.run([sys.executable, "-m", "personaplex_edge.cli", "stdio", "--model",
+                           str(demo), "--no-persona", "--device", "cpu"],
+                          input=_frame(0x09, b'{"hear": true}') + _frame(0x01, pcm16),
+                          capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    got = [json.loads(p) for k, p in _messages(done.stdout) if k == 0x09]
+    assert {g["event"] for g in got} == {"piece", "word", "turn"}
+
+    turns = [e for e in live if e.kind == "turn"]
+    assert turns, "the demo's random VAD heads end a turn within the audio"
+    with ServerThread(serve_options(demo)) as srv:
+        client = openai.AsyncOpenAI(api_key="k", base_url=srv.url + "v1")
+        session = {"type": "realtime", "audio": {"input": {"transcription": {"model": "x"}}}}
+        events = asyncio.run(asyncio.wait_for(_realtime(
+            client.realtime.connect(model="personaplex"), session, pcm16,
+            "conversation.item.input_audio_transcription.completed"), 120))
+    assert not [e for e in events if e["type"] == "error"]
+    [(deltas, transcript)] = _transcripts(events).values()
+    assert deltas == transcript == turns[0].text
