@@ -50,7 +50,8 @@ def _converted(job, entry, path: Path, backend: str, kv: list[str], header, cfg,
     """A graph stored in a lower precision: its weights against the checkpoint's."""
     from .precision_plan import plan_for
 
-    plan = plan_for(entry.precision, backend, kv[0] if kv else None)
+    plan = plan_for(entry.precision, backend, kv[0] if kv else None, None,
+                    entry.compute if entry.precision in ("int8", "int4") else None)
     progress(f"spot-checking {entry.file}'s {entry.precision} weights against the checkpoint")
     finding = _compared("weights", job[0], lambda: converted_weights_check(
         job, path, plan, header, cfg))

@@ -175,13 +175,15 @@ def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "f
                  kv_dtype: str | None = None, engine_builder: EngineBuilder | None = None,
                  depformer_precision: str | None = None,
                  transcriber: TranscriberFiles | None = None,
-                 transcriber_precision: str | None = None) -> Manifest:
+                 transcriber_precision: str | None = None,
+                 compute: str | None = None) -> Manifest:
     """Writes the model directory for `ckpt`: the codec always; the language model, its
     tokenizer and its voice bank when the checkpoint has them. `verify` chooses the LM graphs'
     check (export_lm_graphs_frugal: "auto", "full", "reduced", "off"); the codec is always
     checked in full. The LM graphs are written in `precision` for `backend` (see
     export/precision.py; the depformer in `depformer_precision` when given), each weight
-    converted on its way from the checkpoint, after a check of the float32 graph. For TensorRT,
+    converted on its way from the checkpoint, after a check of the float32 graph (int8/int4 in
+    `compute`'s float type around their products: precision_plan.plan_for). For TensorRT,
     `engine_builder` (when given) builds the engines in the staging directory before the
     manifest is written; without one the graphs are written for a later
     `personaplex-edge engines --model DIR` on the target. Every choice is checked before
@@ -203,7 +205,7 @@ def export_model(ckpt: CheckpointFiles, out_dir: str | Path, precision: str = "f
     # after the codec's export and the LM's check it would otherwise follow
     plans, warnings = check_plans(precision, backend, kv_dtype, depformer_precision,
                                   (transcriber_precision or precision) if transcriber
-                                  else None)
+                                  else None, compute)
     engines = backend == "tensorrt" and engine_builder is not None
     cfg = ckpt.config
     check_output_space(ckpt, out_dir, precision, depformer_precision, engines=engines)

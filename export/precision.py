@@ -59,7 +59,8 @@ def planned_entry(entry: GraphEntry, plan: PrecisionPlan, path: Path,
     """`entry` (its rings split) as the graph written at `path` in `plan`'s precision."""
     rings = [dataclasses.replace(r, dtype=plan.kv_dtype) for r in entry.rings]
     return dataclasses.replace(entry, file=path.name, sha256=sha256_file(path),
-                               data_files=data_files, rings=rings, precision=plan.precision)
+                               data_files=data_files, rings=rings, precision=plan.precision,
+                               compute=plan.compute)
 
 
 def convert_graph(src: Path, dst: Path, entry: GraphEntry, plan: PrecisionPlan) -> GraphEntry:

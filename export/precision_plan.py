@@ -8,6 +8,10 @@ honour.
     int8       MatMulNBits 8-bit, block 128          DequantizeLinear int8, per channel
                (experimental for TensorRT: below)
     int4       MatMulNBits 4-bit, block 32           DequantizeLinear int4, block 128
+               (int8/int4: fp16 islands; with
+               compute="float32" every float is
+               float32: WebGPU adapters without
+               shader-f16)
     fp8        refused (TensorRT only)               DequantizeLinear float8 e4m3, per channel
                (experimental: below)
 
@@ -35,6 +39,7 @@ from personaplex_edge.contract import (BACKENDS, DEPFORMER_STEP, HELIUM_STEP, PR
 from personaplex_edge.errors import PersonaPlexError
 
 KV_DTYPES = ("float32", "float16", "bfloat16")
+COMPUTES = ("float16", "float32")  # what an int8/int4 graph computes in besides its products
 TENSORRT_EXPERIMENTAL = ("int8", "fp8")
 
 
@@ -52,8 +57,10 @@ class PrecisionPlan:
 
 
 def plan_for(precision: str, backend: str = "onnx", kv_dtype: str | None = None,
-             block_size: int | None = None) -> PrecisionPlan:
-    """The layout of `precision` for `backend` ("onnx" or "tensorrt")."""
+             block_size: int | None = None, compute: str | None = None) -> PrecisionPlan:
+    """The layout of `precision` for `backend` ("onnx" or "tensorrt"). `compute` chooses the
+    float type of an int8/int4 onnxruntime graph outside its weights' products (None: float16,
+    the GPUs' fast path; "float32": every WebGPU adapter runs it, shader-f16 or not)."""
     if precision not in PRECISIONS:
         raise PersonaPlexError(f"unknown precision {precision!r}; choose one of "
                                f"{', '.join(PRECISIONS)}")
@@ -62,6 +69,8 @@ def plan_for(precision: str, backend: str = "onnx", kv_dtype: str | None = None,
     if kv_dtype is not None and kv_dtype not in KV_DTYPES:
         raise PersonaPlexError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, "
                                f"got {kv_dtype!r}")
+    if compute is not None:
+        _check_compute(precision, backend, compute)
     if precision == "fp32":
         return PrecisionPlan("fp32", "float32", kv_dtype or "float32")
     if precision in ("fp16", "bf16"):
@@ -80,20 +89,45 @@ def plan_for(precision: str, backend: str = "onnx", kv_dtype: str | None = None,
                              block_size or (128 if bits == 4 else 0))
     # int4 blocks of 32 keep the random-weight agreement of this project's benchmark high;
     # int8 needs no small blocks (its error is already below fp16's on the tables)
-    return PrecisionPlan(precision, "float16", kv_dtype or "float32", bits, "matmulnbits",
-                         block_size or (32 if bits == 4 else 128))
+    # float32 compute is float32 everywhere, the products' activations too (accuracy level 1):
+    # the CPU's int8 activations (level 4) would round differently from a GPU's float32
+    return PrecisionPlan(precision, compute or "float16", kv_dtype or "float32", bits,
+                         "matmulnbits", block_size or (32 if bits == 4 else 128),
+                         1 if compute == "float32" else 4)
+
+
+def _check_compute(precision: str, backend: str, compute: str) -> None:
+    if compute not in COMPUTES:
+        raise PersonaPlexError(f"compute must be one of {', '.join(COMPUTES)}, got {compute!r}")
+    if precision not in ("int8", "int4"):
+        natural = "float32" if precision == "fp32" else "its own float type"
+        if not (precision == "fp32" and compute == "float32"):
+            raise PersonaPlexError(f"--compute goes with --precision int8 or int4: {precision} "
+                                   f"computes in {natural}")
+    elif backend != "onnx" and compute == "float32":
+        raise PersonaPlexError("--compute float32 is for onnxruntime (the CPU, WebGPU); "
+                               "TensorRT's int8/int4 graphs compute in float16")
 
 
 def lm_plans(precision: str, backend: str = "onnx", kv_dtype: str | None = None,
              block_size: int | None = None,
-             depformer_precision: str | None = None) -> dict[str, PrecisionPlan]:
+             depformer_precision: str | None = None,
+             compute: str | None = None) -> dict[str, PrecisionPlan]:
     """The plan of each LM graph. The depformer may take its own precision: it is ~9% of the
     7B's bytes per frame and makes every audio token, so an int4 Helium with an int8 or fp16
     depformer costs little and keeps the audio closer (bench_precision.py measures it). It has
     no KV ring."""
-    return {HELIUM_STEP: plan_for(precision, backend, kv_dtype, block_size),
+    return {HELIUM_STEP: plan_for(precision, backend, kv_dtype, block_size,
+                                  _compute_of(precision, compute)),
             DEPFORMER_STEP: plan_for(depformer_precision or precision, backend, None,
-                                     block_size)}
+                                     block_size, _compute_of(depformer_precision or precision,
+                                                             compute))}
+
+
+def _compute_of(precision: str, compute: str | None) -> str | None:
+    """`compute` where it applies to `precision` (int8/int4), else the precision's own: one
+    --compute float32 serves an int4 Helium beside an fp32 depformer."""
+    return compute if precision in ("int8", "int4") else None
 
 
 def refusals(plans: dict[str, PrecisionPlan], backend: str) -> list[str]:
@@ -127,14 +161,18 @@ def tensorrt_warnings(plans: dict[str, PrecisionPlan], backend: str) -> list[str
 
 def check_plans(precision: str, backend: str, kv_dtype: str | None = None,
                 depformer_precision: str | None = None,
-                transcriber_precision: str | None = None,
+                transcriber_precision: str | None = None, compute: str | None = None,
                 ) -> tuple[dict[str, PrecisionPlan], list[str]]:
     """The plans of an export, or one PersonaPlexError naming everything it cannot honour;
     with the warnings to show before it starts. `transcriber_precision` (the transcriber's
     step, by default the LM's `precision`) adds the transcriber's plan."""
-    plans = lm_plans(precision, backend, kv_dtype, None, depformer_precision)
+    if compute is not None and not any(p in ("int8", "int4") for p in (
+            precision, depformer_precision, transcriber_precision)):
+        _check_compute(precision, backend, compute)  # says what --compute goes with
+    plans = lm_plans(precision, backend, kv_dtype, None, depformer_precision, compute)
     if transcriber_precision is not None:
-        plans[TRANSCRIBER_STEP] = plan_for(transcriber_precision, backend, kv_dtype)
+        plans[TRANSCRIBER_STEP] = plan_for(transcriber_precision, backend, kv_dtype, None,
+                                           _compute_of(transcriber_precision, compute))
     return _checked(plans, backend)
 
 

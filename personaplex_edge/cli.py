@@ -80,7 +80,8 @@ def cmd_export(args) -> int:
 
     # what cannot run is refused before a checkpoint is downloaded or anything written
     check_plans(args.precision, args.backend, args.kv_dtype, args.depformer_precision,
-                (args.transcriber_precision or args.precision) if args.transcriber else None)
+                (args.transcriber_precision or args.precision) if args.transcriber else None,
+                args.compute)
     if args.batch < 1:
         raise PersonaPlexError(f"--batch {args.batch}: the conversations a graph call steps "
                                "must be at least 1")
@@ -102,7 +103,8 @@ def cmd_export(args) -> int:
     export_model(ckpt, args.out, precision=args.precision, backend=args.backend,
                  batch=args.batch, kv_dtype=args.kv_dtype, engine_builder=builder,
                  verify=args.verify, depformer_precision=args.depformer_precision,
-                 transcriber=transcriber, transcriber_precision=args.transcriber_precision)
+                 transcriber=transcriber, transcriber_precision=args.transcriber_precision,
+                 compute=args.compute)
     print(f"done in {time.perf_counter() - t0:.1f} s")
     if args.push_to_hub:
         from .publish import push_model
@@ -474,7 +476,8 @@ def cmd_bench(args) -> int:
     result = run_bench(model, args.frames, args.warmup, args.streams, _sampling(args), persona,
                        front=canceller if args.aec == "on" else None, position=args.position)
     print(f"{model.model_dir}: {args.streams} stream(s), {args.frames} frames after "
-          f"{args.warmup} warm-up, position {result.position} (context {result.context})")
+          f"{args.warmup} warm-up, position {result.position} (context {result.context}), "
+          f"on {model.device}")
     print(result.report())
     if args.json:
         data = {"model": str(model.model_dir), **result.to_json()}
@@ -529,7 +532,10 @@ def _listed(value: str | None) -> tuple[str, ...]:
 
 def _add_runtime_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", choices=DEVICES,
-                   help="where the graphs run (auto: CUDA when onnxruntime-gpu can use it)")
+                   help="where the graphs run: auto (an NVIDIA GPU where its backend works, "
+                        "else a WebGPU GPU, else the CPU), cpu, cuda, or webgpu (AMD, Intel, "
+                        "Apple, Qualcomm and NVIDIA GPUs through Vulkan, Metal or D3D12: "
+                        "pip install 'personaplex-edge[webgpu]')")
     p.add_argument("--threads", type=int, default=None,
                    help="onnxruntime threads (default: PERSONAPLEX_THREADS, else all cores)")
 
@@ -591,6 +597,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the depformer's own precision (default: --precision). It is ~9%% of "
                         "the 7B's weights and makes the audio tokens: e.g. --precision "
                         "int4 --depformer-precision int8")
+    e.add_argument("--compute", choices=["float16", "float32"],
+                   help="with int8/int4: the float type around the integer weights' products - "
+                        "float16 (default: GPUs; WebGPU adapters with shader-f16) or float32 "
+                        "(every WebGPU adapter; docs/install.md)")
     e.add_argument("--backend", default="onnx", choices=BACKENDS,
                    help="tensorrt also builds TensorRT engines (--library, --targets)")
     e.add_argument("--kv-dtype", choices=["float32", "float16", "bfloat16"],

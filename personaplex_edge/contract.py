@@ -74,7 +74,7 @@ def state_output(name: str) -> str:
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int4", "fp8")
 BACKENDS = ("onnx", "tensorrt")
 # where a loaded model's graphs run (`--device`, the assistant's `device`; runtime/backends)
-DEVICES = ("auto", "cpu", "cuda")
+DEVICES = ("auto", "cpu", "cuda", "webgpu")
 DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool")
 
 

@@ -147,6 +147,22 @@ class GraphEntry:
     # conversion: {"how": "full" or "one-layer probe", "calls": N, "outputs": {output: the
     # largest absolute difference (float) or the fraction of elements differing (integer)}}
     check: dict[str, Any] | None = None
+    # the float type it computes in outside its weights' products (PrecisionPlan.compute);
+    # None where a manifest predates it: that precision's default (`compute_dtype`)
+    compute: str | None = None
+
+    @property
+    def compute_dtype(self) -> str:
+        if self.compute is not None:
+            return self.compute
+        return {"fp32": "float32", "bf16": "bfloat16"}.get(self.precision, "float16")
+
+    @property
+    def float16(self) -> bool:
+        """Whether running it takes float16 arithmetic (a WebGPU adapter's shader-f16)."""
+        return self.compute_dtype == "float16" or any(
+            t.dtype == "float16" for t in (*self.inputs, *self.outputs, *self.state,
+                                           *self.rings))
 
     def to_dict(self) -> dict[str, Any]:
         out = {"file": self.file, "sha256": self.sha256,
@@ -159,6 +175,8 @@ class GraphEntry:
             out["engine"] = dict(self.engine)
         if self.check is not None:
             out["check"] = dict(self.check)
+        if self.compute is not None:
+            out["compute"] = self.compute
         return out
 
     @classmethod
@@ -168,7 +186,7 @@ class GraphEntry:
                    [StateSpec.from_dict(s) for s in d.get("state", [])],
                    dict(d.get("data_files", {})),
                    [RingSpec.from_dict(r) for r in d.get("rings", [])], d.get("engine"),
-                   d.get("precision", default_precision), d.get("check"))
+                   d.get("precision", default_precision), d.get("check"), d.get("compute"))
 
     def split_rings(self, input_prefix: str = KV_INPUT_PREFIX,
                     output_prefix: str = KV_OUTPUT_PREFIX,

@@ -59,10 +59,10 @@ def load(model: str | Path, device: str = "auto", threads: int | None = None, *,
     model: a model directory (`personaplex-edge export ... --out DIR`), an exported model on
     the Hugging Face hub (`OWNER/NAME[@REVISION]`: fetched into huggingface_hub's cache,
     checked against its manifest, reused after), or a built-in name (`demo`, `tiny`: random
-    weights, exported on first use). device: "auto" (the GPU where
-    its backend works, else the CPU), "cpu" or "cuda". threads: onnxruntime's threads (default:
-    PERSONAPLEX_THREADS, else every core). progress: called with one line per step of a long
-    load (a first export, an engine build); silent by default. The persona cache keeps
+    weights, exported on first use). device: "auto" (an NVIDIA GPU where its backend works,
+    else a WebGPU GPU, else the CPU), "cpu", "cuda" or "webgpu". threads: onnxruntime's threads
+    (default: PERSONAPLEX_THREADS, else every core). progress: called with one line per step of
+    a long load (a first export, an engine build); silent by default. The persona cache keeps
     prefilled personas, at most `persona_cache_mb` MB in memory, and in `persona_cache_dir`
     across runs when given.
 
@@ -138,8 +138,13 @@ class Model:
 
     @property
     def runs_on(self) -> list[str]:
-        """Where the graphs run, e.g. ['onnxruntime:CPUExecutionProvider']."""
+        """What computes the graphs, e.g. ['onnxruntime-cpu']."""
         return self.loaded.runs_on
+
+    @property
+    def device(self) -> str:
+        """The same in words, with the WebGPU adapter where there is one."""
+        return self.loaded.device
 
     @property
     def text(self) -> "TextTokenizer":

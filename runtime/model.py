@@ -23,7 +23,7 @@ from personaplex_edge.errors import ModelDirError, PersonaPlexError
 from personaplex_edge.manifest import Manifest, load_model_dir, manifest_sha256
 from personaplex_edge.streams import initial_tokens
 
-from .backends import load_graphs
+from .backends import describe_device, load_graphs
 from .codec import Codec
 from .text import TextTokenizer
 
@@ -45,6 +45,7 @@ class LoadedModel:
         graphs = GRAPHS + ((TRANSCRIBER_STEP,) if self.transcriber is not None else ())
         self.graphs = load_graphs(model_dir, manifest, graphs, device, threads, progress)
         self.runs_on = sorted({g.runs_on for g in self.graphs.values()})
+        self.device = describe_device(self.graphs)
         self._text = TextTokenizer(model_dir, manifest) if manifest.tokenizer else None
         self.heard_text = None if self.transcriber is None else TextTokenizer(
             model_dir, manifest, self.transcriber.tokenizer, self.transcriber.text_padding_id,

@@ -15,12 +15,13 @@ if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     # user manager of the test's own), espeak-ng and sox (its benchmarks' speech and music);
     # nginx (the manual's fleet recipe, run by a test in front of two servers: the binary
     # only, see below); libogg (an Ogg writer the server's reader is tested against) and
-    # node (stdio's client in another language). In CI a test that skips for one of these
-    # fails (tests/ci_parts.py).
+    # node (stdio's client in another language); libvulkan1, the Vulkan loader WebGPU runs
+    # through (its device in CI is SwiftShader, the software Vulkan driver chromium ships). In
+    # CI a test that skips for one of these fails (tests/ci_parts.py).
     missing=""
     for pkg in libsndfile1 libportaudio2 libspeexdsp1 libopus0 libogg0 pulseaudio \
                pulseaudio-utils libasound2-plugins chromium iproute2 openssl systemd dbus-daemon \
-               espeak-ng sox nginx nodejs; do
+               espeak-ng sox nginx nodejs libvulkan1; do
         dpkg -s "$pkg" >/dev/null 2>&1 || missing="$missing $pkg"
     done
     # npm (OpenAI's browser Agents SDK for the WebRTC test, below): Debian packs it apart from
@@ -67,8 +68,9 @@ fi
 # The runtime with onnxruntime for the CPU (the `cpu` extra: never beside onnxruntime-gpu),
 # the export, the tests (and mkdocs-material, which builds the manual under docs/), the sound
 # devices, the server with its WebRTC calls, the assistant, and TensorRT for RTX (the `rtx`
-# extra: its builder needs no GPU, so the tests build real engines of every graph).
-python -m pip install -q -e ".[cpu,export,dev,audio,serve,webrtc,assistant,rtx]"
+# extra: its builder needs no GPU, so the tests build real engines of every graph), and
+# onnxruntime's WebGPU provider (the `webgpu` extra: the tests run it on SwiftShader).
+python -m pip install -q -e ".[cpu,export,dev,audio,serve,webrtc,assistant,rtx,webgpu]"
 # The test reference. It pins torch<2.10, so it goes in without its dependencies (the light
 # ones are in the dev extra).
 python -m pip install -q --no-deps "moshi==0.2.13"

@@ -14,6 +14,11 @@ os.environ.setdefault("NO_TORCH_COMPILE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import sys  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+from webgpu_env import software_webgpu_env  # noqa: E402
+
+software_webgpu_env()  # tests/webgpu_env.py: before onnxruntime loads its WebGPU provider
 import tempfile  # noqa: E402
 
 # the per-user cache (hash stamps, engines built on first use) of this test session: never the

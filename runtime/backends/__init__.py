@@ -8,8 +8,10 @@ outputs, state (ping-pong sets) and KV rings, allocated once. `state.BoundGraph`
 state save/restore/reset/hold for all backends on top of each one's stores.
 
 `--device`: `cpu` runs onnxruntime on the CPU (a TensorRT model's ONNX graphs included, said
-once); `cuda` needs a working GPU backend and is otherwise one clear error; `auto` takes the GPU
-where it works and falls back to the CPU with one line saying why.
+once); `cuda` needs a working NVIDIA backend and `webgpu` a WebGPU adapter (onnxruntime's WebGPU
+provider: Vulkan, Metal, D3D12; ort_webgpu.py), each otherwise one clear error; `auto` takes
+the NVIDIA backend where it works, else a WebGPU hardware adapter, else the CPU, with one line
+saying which (and why not the others).
 """
 
 from __future__ import annotations
@@ -108,11 +110,61 @@ def _gpu_backend(model_dir: Path, manifest: Manifest, names: Sequence[str],
     return graphs
 
 
+def _no_nvidia(manifest: Manifest) -> bool:
+    """No NVIDIA backend is installed that could run this model (an onnx model, no CUDA
+    provider)."""
+    return manifest.backend != "tensorrt" and \
+        "CUDAExecutionProvider" not in choose_providers("auto")
+
+
 def cpu_only(manifest: Manifest, device: str = "auto") -> bool:
     """Whether load_graphs puts this model on the CPU without trying a GPU backend: asked for,
-    or no backend a GPU could run it on is installed (an onnx model, no CUDA provider)."""
-    return device == "cpu" or (manifest.backend != "tensorrt"
-                               and "CUDAExecutionProvider" not in choose_providers("auto"))
+    or under `auto` no NVIDIA backend is installed and WebGPU offers no GPU adapter."""
+    if device in ("cuda", "webgpu"):
+        return False
+    return device == "cpu" or (_no_nvidia(manifest) and webgpu_refusal(manifest) is not None)
+
+
+def webgpu_refusal(manifest: Manifest, names: Sequence[str] | None = None,
+                   hardware_only: bool = True) -> str | None:
+    """Why WebGPU cannot run this model's graphs (`names`, default all) here, or None when it
+    can. The provider not installed at all is a reason too ("not installed")."""
+    from .webgpu_adapter import WebGpuUnavailable, find_adapter
+
+    try:
+        adapter = find_adapter(hardware_only)
+    except WebGpuUnavailable as e:
+        return str(e)
+    names = list(manifest.graphs) if names is None else names
+    bf16 = [n for n in names if manifest.graphs[n].compute_dtype == "bfloat16"]
+    if bf16:
+        return (f"{', '.join(bf16)} computes in bfloat16, which WebGPU has not: export "
+                "--precision fp16 (or int8, int4) for it")
+    half = [n for n in names if manifest.graphs[n].float16]
+    if half and not adapter.shader_f16:
+        return (f"{', '.join(half)} computes in float16 and the adapter {adapter.name} has no "
+                "shader-f16: export --precision fp32, or int8/int4 with --compute float32, "
+                "which every adapter runs")
+    return None
+
+
+def _webgpu_backend(model_dir: Path, manifest: Manifest, names: Sequence[str],
+                    hardware_only: bool, threads: int | None,
+                    say: Callable[[str], None]) -> dict[str, LoadedGraph]:
+    """The graphs on a WebGPU adapter (ort_webgpu.py), or DeviceUnavailable with the reason."""
+    from .ort_webgpu import OrtWebGpuModelGraph, capture_asked
+    from .webgpu_adapter import find_adapter
+
+    refusal = webgpu_refusal(manifest, names, hardware_only)
+    if refusal is not None:
+        raise DeviceUnavailable(refusal)
+    adapter = find_adapter(hardware_only)
+    capture = capture_asked()
+    say(f"running on WebGPU: {adapter.describe()}" + (", graph capture" if capture else ""))
+    if manifest.backend == "tensorrt":
+        say("running this TensorRT model's ONNX graphs on WebGPU")
+    return {n: OrtWebGpuModelGraph(model_dir, manifest.graphs[n], adapter, threads, capture)
+            for n in names}
 
 
 def load_graphs(model_dir: str | Path, manifest: Manifest, names: Sequence[str],
@@ -126,6 +178,17 @@ def load_graphs(model_dir: str | Path, manifest: Manifest, names: Sequence[str],
     both = side_by_side()
     if both:
         say(f"warning: {both}")
+    if device == "webgpu":
+        try:
+            return _webgpu_backend(model_dir, manifest, names, False, threads, say)
+        except PersonaPlexError as e:
+            raise DeviceUnavailable(f"--device webgpu: {e}") from None
+    if device == "auto" and _no_nvidia(manifest) and webgpu_installed():
+        try:  # no NVIDIA backend: a WebGPU GPU, where there is one
+            return _webgpu_backend(model_dir, manifest, names, True, threads, say)
+        except PersonaPlexError as e:
+            say(f"running on the CPU: {e}")
+            return _cpu_graphs(model_dir, manifest, names, threads, say)
     if not cpu_only(manifest, device):
         try:
             return _gpu_backend(model_dir, manifest, names, say)
@@ -136,6 +199,11 @@ def load_graphs(model_dir: str | Path, manifest: Manifest, names: Sequence[str],
     elif device == "cuda":
         raise DeviceUnavailable("--device cuda: this onnxruntime has no CUDA provider (install "
                                 "the gpu extra: pip install 'personaplex-edge[gpu]')")
+    return _cpu_graphs(model_dir, manifest, names, threads, say)
+
+
+def _cpu_graphs(model_dir: Path, manifest: Manifest, names: Sequence[str],
+                threads: int | None, say: Callable[[str], None]) -> dict[str, LoadedGraph]:
     bf16 = [n for n in names if manifest.graphs[n].precision == "bf16"]
     if bf16:  # onnxruntime's CPU has no bfloat16 MatMul: its own error names an operator
         raise ModelDirError(
@@ -146,6 +214,21 @@ def load_graphs(model_dir: str | Path, manifest: Manifest, names: Sequence[str],
         say("running this TensorRT model's ONNX graphs in onnxruntime on the CPU")
     return {n: OrtModelGraph(model_dir, manifest.graphs[n], ["CPUExecutionProvider"], threads)
             for n in names}
+
+
+def describe_device(graphs: dict[str, LoadedGraph]) -> str:
+    """What computes the graphs, in words: "onnxruntime-cpu", or the WebGPU adapter's line."""
+    runs = ", ".join(sorted({g.runs_on for g in graphs.values()}))
+    adapters = sorted({g.adapter.describe() for g in graphs.values()
+                       if getattr(g, "adapter", None) is not None})
+    return runs + (f" on {'; '.join(adapters)}" if adapters else "")
+
+
+def webgpu_installed() -> bool:
+    """Whether onnxruntime's WebGPU provider is installed (the webgpu extra)."""
+    from importlib.util import find_spec
+
+    return find_spec("onnxruntime_ep_webgpu") is not None
 
 
 def trt_loaded(graph: LoadedGraph) -> bool:
