@@ -461,6 +461,11 @@ def test_cors_preflight_is_answered_for_allowed_origins_only(srv):
     status, _, headers = asyncio.run(post(srv.url, b"", {"Origin": "http://evil.example", **ask},
                                           method="OPTIONS"))
     assert status == 403 and "Access-Control-Allow-Origin" not in headers
+    # the keys' routes and the beta's call, where the WebSocket is (its GET unchanged)
+    for path in ("/v1/realtime/client_secrets", "/v1/realtime/sessions", "/v1/realtime"):
+        status, _, headers = asyncio.run(post(srv.url, b"", {"Origin": APP, **ask}, path,
+                                              "OPTIONS"))
+        assert status == 204 and headers["Access-Control-Allow-Origin"] == APP, path
     # the answer itself lets the allowed page read its Location
     res = asyncio.run(call(srv.url, speech(0.5), token=TOKEN, tail_s=0.0,
                            headers={"Origin": APP}))
