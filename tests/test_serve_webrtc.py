@@ -806,7 +806,7 @@ def test_the_events_waiting_to_be_read_are_counted_in_bytes():
             self.ended = reason
 
     class Owner:
-        session, wire, closing = Ends(), type("W", (), {"heard": lambda self: None})(), False
+        session, wire, closing = Ends(), type("W", (), {"audio_came": lambda self: None})(), False
 
     async def burst(messages):
         owner = Owner()

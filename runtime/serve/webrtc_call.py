@@ -131,8 +131,8 @@ class CallWire(RealtimeWire):
         super()._handle(session, event)
 
     def _update_may_come(self) -> bool:
-        """For a call, heard once its events channel is open (or will never be) and audio
-        flows: with a channel, the session.update a client sends as it opens still shapes the
+        """For a call: while its events channel may still bring one (it is open, or not yet
+        given up on) - the session.update a client sends as the channel opens still shapes the
         persona, even over the call's starting session."""
         return self.call.transport.may_get_events
 
@@ -173,7 +173,7 @@ class CallTransport(Transport):
     def _opened(self) -> None:
         if not self._open.is_set():
             self._open.set()
-            self.call.wire.heard()
+            self.call.wire.audio_came()
 
     async def opened(self) -> None:
         """Until the channel is open, or known never to be."""
@@ -184,7 +184,7 @@ class CallTransport(Transport):
         if not self._open.is_set():
             self.may_get_events = False
             self._open.set()
-            self.call.wire.heard()
+            self.call.wire.audio_came()
 
     @property
     def closed(self) -> bool:
@@ -298,7 +298,7 @@ class Call:
                        asyncio.create_task(self._watch()),
                        asyncio.create_task(self._sample())]
         if not self.offer.data_channel:  # no session.update can come: the persona is known
-            self.wire.heard()
+            self.wire.audio_came()
         try:
             await converse(state, self.wire, self.transport, self.peer, self.session)
         finally:
