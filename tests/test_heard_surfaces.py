@@ -111,6 +111,23 @@ def test_the_sdk_ga_client_gets_the_users_words(server, heard):
     assert done["usage"]["output_tokens"] == len(deltas)
 
 
+def test_end_turn_before_the_words_are_written_ends_the_turn_once_they_are(heard):
+    """The Python API: end_turn() before the first frame, when nothing can be written yet
+    (the transcriber runs 0.5 s behind). The turn is due 8 frames on (the 0.5 s in 7 frames,
+    and one) and ends at the first frame from there that does not go on with a word, holding
+    every piece written before it; without the call it runs on to the VAD's end."""
+    events_api, pcm16 = heard
+    events = heard_of(np.frombuffer(pcm16, "<i2").astype(np.float32) / 32768, end_turn_at=0)
+    piece_at = {e.frame: e.text for e in events_api if e.kind == "piece"}  # the same tokens
+    end = 7
+    while end in piece_at and not piece_at[end].startswith(" "):  # inside a word: it waits
+        end += 1
+    first = next(e for e in events if e.kind == "turn")
+    assert (first.frame, first.item) == (end, 1)
+    assert first.text == "".join(piece_at[f] for f in sorted(piece_at) if f < end).strip()
+    assert first.frame < next(e for e in events_api if e.kind == "turn").frame
+
+
 def test_a_commit_before_the_users_words_are_written_ends_their_turn(server, heard):
     """Push-to-talk over the openai SDK: input_audio_buffer.commit before the text of the
     audio committed is written (the transcriber runs 0.5 s behind; here it comes before any
