@@ -183,8 +183,8 @@ async def call(url: str, pcm24: np.ndarray, *, token: str | None = None,
     from aiortc.sdp import SessionDescription
 
     from personaplex_edge.runtime.serve import libopus
-    from personaplex_edge.runtime.serve.ice import gathering_on
-    from personaplex_edge.runtime.serve.webrtc_media import tap_rtp
+    from personaplex_edge.runtime.serve.webrtc.ice import gathering_on
+    from personaplex_edge.runtime.serve.webrtc.media import tap_rtp
 
     res = CallResult()
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))

@@ -30,8 +30,8 @@ from call_tap import ModelInput, prefix_matches, run_pieces, waveform_match  # n
 
 from personaplex_edge.runtime.sampling import SamplingParams  # noqa: E402
 from personaplex_edge.runtime.serve import ServeOptions, libopus  # noqa: E402
-from personaplex_edge.runtime.serve import webrtc as webrtc_route  # noqa: E402
-from personaplex_edge.runtime.serve.jitter import JitterBuffer  # noqa: E402
+from personaplex_edge.runtime.serve.webrtc import routes as webrtc_route  # noqa: E402
+from personaplex_edge.runtime.serve.webrtc.jitter import JitterBuffer  # noqa: E402
 
 TOKEN = "s3cret"
 APP = "http://app.example:3000"
@@ -299,7 +299,7 @@ def test_ice_that_never_connects_frees_its_slot(srv):
     """An offer whose client never takes the answer: no check ever comes."""
     from aiortc import RTCConfiguration, RTCPeerConnection
 
-    from personaplex_edge.runtime.serve.ice import gathering_on
+    from personaplex_edge.runtime.serve.webrtc.ice import gathering_on
 
     async def offer_only():
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
@@ -322,7 +322,7 @@ def test_ice_that_never_connects_frees_its_slot(srv):
 def _offer(kind: str = "audio") -> str:
     from aiortc import RTCConfiguration, RTCPeerConnection
 
-    from personaplex_edge.runtime.serve.ice import gathering_on
+    from personaplex_edge.runtime.serve.webrtc.ice import gathering_on
 
     async def make():
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
@@ -701,7 +701,7 @@ def test_the_jitter_buffer_holds_a_bounded_stream_whatever_the_caller_sends():
     MAX_PACKETS; the buffer plays all along."""
     import tracemalloc
 
-    from personaplex_edge.runtime.serve.jitter import MAX_PACKETS
+    from personaplex_edge.runtime.serve.webrtc.jitter import MAX_PACKETS
 
     _, packets = _packets(1.0)
     jb = JitterBuffer(libopus.Decoder(48000))
@@ -759,7 +759,7 @@ def test_a_message_over_the_advertised_size_ends_the_call_unread(srv, monkeypatc
     protocol's parser (it would block the event loop every call shares), the server holds no
     more than the limit of it, and the call ends with an error event that says why. A message
     just inside the limit, sent first, is read."""
-    from personaplex_edge.runtime.serve import webrtc_call
+    from personaplex_edge.runtime.serve.webrtc import call as webrtc_call
 
     read = []
     receive = webrtc_call.CallWire.receive
@@ -785,8 +785,8 @@ def test_a_message_over_the_advertised_size_ends_the_call_unread(srv, monkeypatc
 def test_the_events_waiting_to_be_read_are_counted_in_bytes():
     """A burst of a thousand small events waits to be read (a count of 256 cut such a client
     off); five of the largest a channel carries end the session."""
-    from personaplex_edge.runtime.serve.webrtc_call import MAX_INBOX_BYTES, CallTransport
-    from personaplex_edge.runtime.serve.webrtc_channel import MAX_MESSAGE_BYTES
+    from personaplex_edge.runtime.serve.webrtc.call import MAX_INBOX_BYTES, CallTransport
+    from personaplex_edge.runtime.serve.webrtc.channel import MAX_MESSAGE_BYTES
 
     class Channel:
         readyState = "open"

@@ -3,8 +3,8 @@
 and a web page at `/`.
 
 What this room may import: aiohttp (HTTP and WebSocket), the system's libopus through
-ctypes, prometheus-client (the `/metrics` text), aiortc and PyAV (webrtc_call and
-webrtc_media only, imported when a call comes) and the runtime - never torch.
+ctypes, prometheus-client (the `/metrics` text) and the runtime - never torch. WebRTC calls,
+with aiortc and PyAV, have a room of their own: webrtc/ (its __init__ lists it).
 
     protocol         moshi's binary message kinds and their framing
     params           the query parameters of /api/chat -> a conversation's sampling and persona
@@ -16,14 +16,8 @@ webrtc_media only, imported when a call comes) and the runtime - never torch.
     lifecycle        one WebSocket's life, either protocol: checks, slot, prefill, ticks, close
     chat             the /api/chat protocol on that life
     realtime         the /v1/realtime protocol on that life
-    client_keys      ephemeral `ek_` keys: what a browser app holds instead of the token
-    webrtc           /v1/realtime/calls (WebRTC: aiortc, the `webrtc` extra) and client_secrets
-    webrtc_offer     a call's posted offer, read and checked
-    webrtc_call      one call: the Realtime session on its data channel and Opus track
-    webrtc_media     a call's audio both ways: RTP tap, playout clock, paced answer track
-    jitter           the jitter buffer: packets in, samples out, loss concealed and counted
-    ice              a call's candidates: the server's own addresses; STUN/TURN if configured
-    call_stats       Prometheus metrics of calls: round trip, jitter, loss, concealment
+    webrtc/          the same protocol over WebRTC (/v1/realtime/calls, the beta's POST
+                     /v1/realtime) and the client keys: aiortc, the `webrtc` extra
     ticker           the one thread that steps every conversation (lockstep, via step_many)
     stats            Prometheus metrics of the server
     hosts            the names the server answers to: the Host allow list (DNS rebinding)

@@ -5,7 +5,7 @@
     GET /v1/realtime  the OpenAI Realtime protocol over WebSocket (realtime.py); /v1/duplex
                       is the same, by vllm-omni's name for it
     /v1/realtime/calls, /v1/realtime/client_secrets
-                      the same protocol over WebRTC, and the client keys (webrtc.py)
+                      the same protocol over WebRTC, and the client keys (webrtc/routes.py)
     GET /api/voices   the voices a client may name, and the server's persona defaults
     GET /api/health   JSON: model, sessions open, capacity; 200 while a session can start,
                       503 when full or stopping (a load balancer's readiness probe)
@@ -28,7 +28,7 @@ from .hosts import host_name
 from .realtime import realtime
 from .state import STATE, ServerState
 from .stats import CONTENT_TYPE_LATEST
-from .webrtc import add_routes as add_webrtc_routes
+from .webrtc.routes import add_routes as add_webrtc_routes
 
 log = logging.getLogger("personaplex_edge.serve")
 

@@ -1,6 +1,6 @@
 """One session's life, whatever its wire protocol and transport: the same checks, slots, persona
 prefill, tick thread, metrics and logs for `/api/chat` (chat.py) and `/v1/realtime` (realtime.py)
-over a WebSocket, and for `/v1/realtime/calls` (webrtc.py) over a WebRTC call.
+over a WebSocket, and for `/v1/realtime/calls` (webrtc/routes.py) over a WebRTC call.
 
     (the host check, app.py's middleware: 403)  ->  origin check (403)  ->  token check
     (401)  ->  upgrade  ->  a free slot, or the protocol's refusal and close 1013 (1001 while
@@ -12,7 +12,7 @@ over a WebSocket, and for `/v1/realtime/calls` (webrtc.py) over a WebRTC call.
 
 A protocol is a `Wire`: it builds its `Session` subclass, reads the client's messages, and
 encodes its refusals, its ready message and its last words. A `Transport` carries those
-messages: a WebSocket here (`serve_websocket`), a call's data channel in webrtc_call.py; both
+messages: a WebSocket here (`serve_websocket`), a call's data channel in webrtc/call.py; both
 run `converse`. Reading starts at the upgrade, so a client that leaves at any point ends its
 session (and frees its slot) at once.
 """

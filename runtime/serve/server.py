@@ -28,15 +28,15 @@ from personaplex_edge.runtime.sampling import SamplingParams
 
 from .app import build_app
 from .auth import parse_allowed_origins
-from .call_stats import CallMetrics
 from .hosts import HostRule, parse_allowed_hosts
-from .ice import IceOptions, host_addresses
 from .opus import check_opus
 from .params import MAX_TEXT_PROMPT_CHARS, Voices
 from .session import MAX_AHEAD_S
 from .state import ServerState
 from .stats import ServerStats
 from .ticker import Ticker
+from .webrtc.call_stats import CallMetrics
+from .webrtc.ice import IceOptions, host_addresses
 
 log = logging.getLogger("personaplex_edge.serve")
 
@@ -68,7 +68,7 @@ class ServeOptions:
     device: str = "auto"
     threads: int | None = None
     persona_cache: object = None  # a runtime.persona_cache.PersonaCache (None: the model's default)
-    # WebRTC calls (ice.py): STUN/TURN servers (none: nothing is contacted) and TURN's login
+    # WebRTC calls (webrtc/ice.py): STUN/TURN servers (none: nothing is contacted) and TURN's login
     ice_servers: tuple[str, ...] = ()
     turn_username: str | None = None
     turn_credential: str | None = None

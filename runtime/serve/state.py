@@ -10,20 +10,20 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from .client_keys import ClientKeys
+from .webrtc.client_keys import ClientKeys
 
 if TYPE_CHECKING:
     from personaplex_edge.runtime.api import Model
     from personaplex_edge.runtime.persona import Persona
     from personaplex_edge.runtime.sampling import SamplingParams
 
-    from .call_stats import CallMetrics
     from .hosts import HostRule
-    from .ice import IceOptions
     from .params import Voices
     from .session import Session
     from .stats import ServerStats
     from .ticker import Ticker
+    from .webrtc.call_stats import CallMetrics
+    from .webrtc.ice import IceOptions
 
 
 @dataclass
@@ -50,7 +50,7 @@ class ServerState:
     sessions: set["Session"] = field(default_factory=set)
     # summaries of the sessions that ended (newest last): for the logs' readers and benchmarks
     history: deque = field(default_factory=lambda: deque(maxlen=1000))
-    # WebRTC (webrtc.py): the candidates and ICE servers of calls, the calls by id, their
+    # WebRTC (webrtc/): the candidates and ICE servers of calls, the calls by id, their
     # metrics, and the unspent client keys
     ice: "IceOptions | None" = None
     calls: dict = field(default_factory=dict)

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from . import libopus
+from .. import libopus
 
 SEQ_MOD = 1 << 16
 TS_MOD = 1 << 32

@@ -8,7 +8,7 @@ OpenAI's GA browser flow, as its SDKs expect it (`@openai/agents-realtime` refus
 the `ek_` prefix in a browser unless told it is insecure). A key lives `DEFAULT_SECONDS` unless
 `expires_after.seconds` asks otherwise (10 s to 2 hours, OpenAI's bounds; a key of the beta's
 `/v1/realtime/sessions`, one minute, as OpenAI's were). The session it was made with is the
-call's starting session, checked when the key is made (webrtc_session.py). A call spends its
+call's starting session, checked when the key is made (starting.py). A call spends its
 key; a call refused for its offer or its session, or by a fault of the server, gives it back.
 An expired, spent or unknown `ek_` key is refused (401) whatever the server's token.
 """

@@ -34,7 +34,7 @@ import av
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from . import libopus
+from .. import libopus
 from .jitter import JitterBuffer
 
 CLOCK_RATE = 48000  # Hz: the RTP timestamps of every Opus stream

@@ -20,13 +20,13 @@ and OpenAI's first (beta) flow, which apps and evaluation tools still speak:
 
 A call is checked as a WebSocket is (the Host, the Origin, the token or a client key), and
 refused as one is when every slot is taken (429, 503 while stopping: the same error, and no
-UDP port opened). Its offer is read and checked (webrtc_offer.py: 400 with the reason) before a
-peer connection exists, its starting session as its key's was (webrtc_session.py: 400). Every
+UDP port opened). Its offer is read and checked (offer.py: 400 with the reason) before a
+peer connection exists, its starting session as its key's was (starting.py: 400). Every
 refusal - origin, token, key, offer, session, capacity - is OpenAI's JSON error, with the CORS
 headers that let a page on an allowed origin read it (else a browser's fetch says only "Failed
 to fetch", and the page cannot tell a spent key from a server that is down). A call refused
 after its key was taken gives the key back. Without aiortc (the `webrtc` extra) the route
-answers 501 with the line that installs it. The call itself: webrtc_call.py.
+answers 501 with the line that installs it. The call itself: call.py.
 """
 
 from __future__ import annotations
@@ -36,14 +36,14 @@ import logging
 
 from aiohttp import web
 
-from .auth import origin_allowed, presented_tokens
+from ..auth import origin_allowed, presented_tokens
+from ..lifecycle import (Refusal, busy_reason, client_refusal, free_slot, origin_refusal,
+                         take_slot)
+from ..realtime_events import EventError, ServerEvents
+from ..state import STATE
 from .client_keys import KeyRequestError, is_client_key
-from .lifecycle import (Refusal, busy_reason, client_refusal, free_slot, origin_refusal,
-                        take_slot)
-from .realtime_events import EventError, ServerEvents
-from .state import STATE
-from .webrtc_offer import OfferError, check_offer, read_offer
-from .webrtc_session import check_start, starting_view
+from .offer import OfferError, check_offer, read_offer
+from .starting import check_start, starting_view
 
 log = logging.getLogger("personaplex_edge.serve")
 
@@ -160,7 +160,7 @@ async def _call(request: web.Request, beta: bool) -> web.StreamResponse:
             return _refused(request, Refusal(401, KEY_REFUSED, "invalid_api_key"))
     start = {**(grant.session if grant is not None else {}), **offer.session}
 
-    from .webrtc_call import Call
+    from .call import Call
 
     take_slot(state)
     call = None

@@ -1,11 +1,11 @@
 """One WebRTC call: the OpenAI Realtime session of realtime.py, its events on the `oai-events`
-data channel and its audio on an Opus track (webrtc_media.py), on the session flow every other
+data channel and its audio on an Opus track (media.py), on the session flow every other
 route runs (lifecycle.converse).
 
-    the offer checked (webrtc_offer.py), a slot taken  ->  the peer connection: the offer's
+    the offer checked (offer.py), a slot taken  ->  the peer connection: the offer's
     reachable candidates, the audio section answered with Opus and the answer track, every
     other media section inactive, host candidates on the server's own addresses (ice.py)  ->
-    the answer (webrtc.py sends it: 201)  ->  ICE + DTLS within CONNECT_TIMEOUT_S, or the call
+    the answer (routes.py sends it: 201)  ->  ICE + DTLS within CONNECT_TIMEOUT_S, or the call
     ends ("ice")  ->  the data channel `oai-events` opens (or there is none: the call converses
     without events)  ->  the persona: the call's starting session (the form's, the client key's)
     and the session.update sent within GRACE_S of the channel opening  ->  prefill, ticks:
@@ -28,15 +28,15 @@ from aiohttp import WSCloseCode, web
 from aiortc import RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from aiortc.sdp import SessionDescription
 
+from ..lifecycle import Transport, converse, free_slot, open_session
+from ..realtime import RealtimeSession, RealtimeWire
+from ..realtime_events import EventError, ServerEvents, new_id, parse_session_update
+from ..session import ClientError
+from ..state import ServerState
+from .channel import MAX_MESSAGE_BYTES, cap_messages
 from .ice import gathering_on, reachable_candidates
-from .lifecycle import Transport, converse, free_slot, open_session
-from .realtime import RealtimeSession, RealtimeWire
-from .realtime_events import EventError, ServerEvents, new_id, parse_session_update
-from .session import ClientError
-from .state import ServerState
-from .webrtc_channel import MAX_MESSAGE_BYTES, cap_messages
-from .webrtc_media import AnswerTrack, RtpIn, tap_rtp
-from .webrtc_offer import Offer, OfferError
+from .media import AnswerTrack, RtpIn, tap_rtp
+from .offer import Offer, OfferError
 
 log = logging.getLogger("personaplex_edge.serve")
 
@@ -47,7 +47,7 @@ PEER_GONE_S = 3.0  # no RTP for this long: the peer is gone
 CLOSE_TIMEOUT_S = 2.0
 STATS_INTERVAL_S = 1.0
 # bytes of the client's events waiting to be read (four messages of the largest the answer
-# allows: webrtc_channel.py)
+# allows: channel.py)
 MAX_INBOX_BYTES = 4 * MAX_MESSAGE_BYTES
 MAX_BUFFERED_BYTES = 1 << 20  # events queued on a channel its peer does not read
 

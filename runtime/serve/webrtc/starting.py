@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..pcm_frames import PCM16
-from .params import MAX_TEXT_PROMPT_CHARS, ParamError
-from .realtime import OPENAI_VOICES
-from .realtime_events import EventError, SessionUpdate, SessionView, new_id, parse_session_update
-from .state import ServerState
+from ...pcm_frames import PCM16
+from ..params import MAX_TEXT_PROMPT_CHARS, ParamError
+from ..realtime import OPENAI_VOICES
+from ..realtime_events import EventError, SessionUpdate, SessionView, new_id, parse_session_update
+from ..state import ServerState
 
 
 def check_start(state: ServerState, session: dict) -> SessionUpdate:
