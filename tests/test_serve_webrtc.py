@@ -556,6 +556,10 @@ def test_no_key_is_minted_for_a_session_its_call_would_refuse(srv, session, para
     before = len(srv.state.client_keys)
     status, body = _mint(srv, {"type": "realtime", **session})
     assert status == 400 and param in body["error"]["message"], body
+    # the beta's /v1/realtime/sessions, its body the session itself
+    status, text, _ = asyncio.run(post(srv.url, json.dumps(session), bearer(
+        **{"Content-Type": "application/json"}), "/v1/realtime/sessions"))
+    assert status == 400 and param in json.loads(text)["error"]["message"], text
     assert len(srv.state.client_keys) == before
     res = asyncio.run(call(srv.url, speech(0.2), token=TOKEN,
                            session={"type": "realtime", **session}))
