@@ -766,7 +766,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--ssl", metavar="DIR", help="serve https/wss with DIR/cert.pem and DIR/key.pem "
                                                "(a browser's microphone needs it beyond localhost)")
     v.add_argument("--auth-token", default=os.environ.get("PERSONAPLEX_AUTH_TOKEN"),
-                   help="the WebSockets need this token (?token= or Authorization: Bearer); "
+                   help="the WebSockets and WebRTC calls need this token (?token= or "
+                        "Authorization: Bearer; a browser's call may present a client key made "
+                        "with it); "
                         "default: $PERSONAPLEX_AUTH_TOKEN, which other users cannot see in ps")
     v.add_argument("--allowed-origins", metavar="ORIGINS",
                    default=os.environ.get("PERSONAPLEX_ALLOWED_ORIGINS"),

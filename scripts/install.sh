@@ -84,4 +84,8 @@ if command -v npm >/dev/null 2>&1 && \
         [ ! -f .venv/npm/node_modules/@openai/agents-realtime/dist/bundle/openai-realtime-agents.umd.js ]; then
     npm install --silent --no-audit --no-fund --prefix .venv/npm "@openai/agents-realtime@0.20.0"
 fi
+# Node's libwebrtc bindings: a stock WebRTC client the calls' test runs on this machine
+if command -v npm >/dev/null 2>&1 && [ ! -d .venv/npm/node_modules/@roamhq/wrtc ]; then
+    npm install --silent --no-audit --no-fund --prefix .venv/npm "@roamhq/wrtc@0.10.0"
+fi
 echo "installed into .venv: $(python -c 'import torch, onnxruntime; print("torch", torch.__version__, "onnxruntime", onnxruntime.__version__)')"

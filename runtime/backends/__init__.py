@@ -160,11 +160,18 @@ def _webgpu_backend(model_dir: Path, manifest: Manifest, names: Sequence[str],
         raise DeviceUnavailable(refusal)
     adapter = find_adapter(hardware_only)
     capture = capture_asked()
-    say(f"running on WebGPU: {adapter.describe()}" + (", graph capture" if capture else ""))
+    say(f"running on WebGPU: {adapter.describe()}")
     if manifest.backend == "tensorrt":
         say("running this TensorRT model's ONNX graphs on WebGPU")
-    return {n: OrtWebGpuModelGraph(model_dir, manifest.graphs[n], adapter, threads, capture)
-            for n in names}
+    graphs = {n: OrtWebGpuModelGraph(model_dir, manifest.graphs[n], adapter, threads, capture)
+              for n in names}
+    if capture:
+        refused = [n for n, g in graphs.items() if g.capture_refused]
+        captured = [n for n in names if n not in refused]
+        say("graph capture: " + (f"{', '.join(captured)} captured" if captured else "none")
+            + (f"; the provider refused it for {', '.join(refused)} (nodes of them run on the "
+               "CPU), which run uncaptured" if refused else ""))
+    return graphs
 
 
 def load_graphs(model_dir: str | Path, manifest: Manifest, names: Sequence[str],

@@ -34,7 +34,7 @@ from personaplex_edge.manifest import GraphEntry
 from .ort import check_signature, session_options
 from .state import BoundGraph, host_dtype
 from .webgpu_adapter import WebGpuAdapter
-from .webgpu_rings import RingWriter, WebGpuStore, device_value
+from .webgpu_rings import ADAPTER_LOCK, RingWriter, WebGpuStore, device_value
 
 # int64 arithmetic (positions, token indices) kept on the adapter instead of a trip through
 # the CPU between kernels: without it the depformer's every step sends its token to the host
@@ -67,16 +67,29 @@ class OrtWebGpuModelGraph:
 
         self.entry = entry
         self.adapter = adapter
-        self.capture = capture
         self.runs_on = "onnxruntime-webgpu"
         self.options = adapter_options(adapter, threads)
         self._graph_ids = itertools.count(1)
+        self.capture_refused: str | None = None  # why the provider would not capture it
+        self.capture_asked = capture  # the ring write (all on the adapter) is captured anyway
         path = Path(model_dir) / entry.file
         try:
-            self.session = ort.InferenceSession(str(path), self.options(capture))
+            try:
+                with ADAPTER_LOCK:
+                    self.session = ort.InferenceSession(str(path), self.options(capture))
+            except Exception as e:
+                if not capture or "graph capture" not in str(e):
+                    raise
+                # a node kept on the CPU (an int64 op the provider has no kernel for): the
+                # graph runs, uncaptured
+                self.capture_refused = "nodes of it run on the CPU"
+                capture = False
+                with ADAPTER_LOCK:
+                    self.session = ort.InferenceSession(str(path), self.options(False))
         except Exception as e:
             raise ModelDirError(f"onnxruntime cannot load {path} on the WebGPU adapter "
                                 f"{adapter.name}: {e}") from e
+        self.capture = capture
         check_signature(entry, self.session)
 
     def graph_ids(self) -> tuple[int, int]:
@@ -84,7 +97,8 @@ class OrtWebGpuModelGraph:
         return next(self._graph_ids), next(self._graph_ids)
 
     def bind(self) -> "OrtWebGpuGraph":
-        return OrtWebGpuGraph(self)
+        with ADAPTER_LOCK:  # its buffers are made and bound on the adapter
+            return OrtWebGpuGraph(self)
 
     def close(self) -> None:
         self.session = None
@@ -112,8 +126,8 @@ class OrtWebGpuGraph(BoundGraph):
         self._state = [{s.name: device_value(s.shape, s.dtype, s.init) for s in entry.state}
                        for _ in range(2)]
         self._stores = [{n: WebGpuStore(v) for n, v in st.items()} for st in self._state]
-        self._rings = RingWriter(entry.rings, graph.options, self._capture) if entry.rings \
-            else None
+        self._rings = RingWriter(entry.rings, graph.options, graph.capture_asked) \
+            if entry.rings else None
         self._ring_stores = {r.input_name: WebGpuStore(self._rings.rings[i])
                              for i, r in enumerate(entry.rings)}
         self._bindings = [self._bind(read=i, write=1 - i) for i in range(2)]
@@ -162,6 +176,10 @@ class OrtWebGpuGraph(BoundGraph):
         return out
 
     def _call(self, active: list[int] | None) -> None:
+        with ADAPTER_LOCK:
+            self._call_locked(active)
+
+    def _call_locked(self, active: list[int] | None) -> None:
         if self._session is None:
             raise ModelDirError(f"{self.entry.file}: this graph was closed")
         positions = self._positions() if self._rings is not None else {}
@@ -184,32 +202,33 @@ class OrtWebGpuGraph(BoundGraph):
         Its buffers are made for the call: once per persona, not per frame."""
         import onnxruntime as ort
 
-        if self._session is None:
-            raise ModelDirError(f"{self.entry.file}: this graph was closed")
-        if self.entry.state:
-            raise ModelDirError(f"{self.entry.file}: a call over several frames is for graphs "
-                                "without state tensors")
-        count = next(iter(frames.values())).shape[1]
-        binding = self._session.io_binding()
-        keep = []  # the host arrays the binding reads, alive for the call
-        for name, host in self.inputs.items():
-            a = np.ascontiguousarray(frames[name] if name in frames else host)
-            keep.append(a)
-            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(a))
-        for name, host in self.outputs.items():
-            binding.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(host))
-        new_rows = []
-        for i, r in enumerate(self.entry.rings):
-            shape = list(r.rows_shape)
-            shape[r.axis] = count
-            new_rows.append(device_value(shape, r.dtype, None))
-            binding.bind_ortvalue_input(r.input_name, self._rings.rings[i])
-            binding.bind_ortvalue_output(r.output_name, new_rows[-1])
-        positions = self._positions()
-        uncaptured = ort.RunOptions()
-        uncaptured.add_run_config_entry("gpu_graph_id", "-1")
-        self._session.run_with_iobinding(binding, uncaptured)
-        self._rings.write_frames(new_rows, count, positions, active)
+        with ADAPTER_LOCK:  # its buffers are made, bound and run on the adapter
+            if self._session is None:
+                raise ModelDirError(f"{self.entry.file}: this graph was closed")
+            if self.entry.state:
+                raise ModelDirError(f"{self.entry.file}: a call over several frames is for graphs "
+                                    "without state tensors")
+            count = next(iter(frames.values())).shape[1]
+            binding = self._session.io_binding()
+            keep = []  # the host arrays the binding reads, alive for the call
+            for name, host in self.inputs.items():
+                a = np.ascontiguousarray(frames[name] if name in frames else host)
+                keep.append(a)
+                binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(a))
+            for name, host in self.outputs.items():
+                binding.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(host))
+            new_rows = []
+            for i, r in enumerate(self.entry.rings):
+                shape = list(r.rows_shape)
+                shape[r.axis] = count
+                new_rows.append(device_value(shape, r.dtype, None))
+                binding.bind_ortvalue_input(r.input_name, self._rings.rings[i])
+                binding.bind_ortvalue_output(r.output_name, new_rows[-1])
+            uncaptured = ort.RunOptions()
+            uncaptured.add_run_config_entry("gpu_graph_id", "-1")
+            positions = self._positions()
+            self._session.run_with_iobinding(binding, uncaptured)
+            self._rings.write_frames(new_rows, count, positions, active)
 
     def close(self) -> None:
         """Lets this batch's buffers go now; the graph cannot run after this (the shared

@@ -21,6 +21,7 @@ and restore, reset and held state rows, never the per-frame ring write.
 
 from __future__ import annotations
 
+import threading
 from typing import Sequence
 
 import numpy as np
@@ -31,16 +32,24 @@ from .state import host_dtype
 
 _ONNX_TYPES = {"float32": 1, "float16": 10}  # TensorProto.FLOAT, FLOAT16
 
+# One at a time on the adapter: the provider queues every session's work on one device of the
+# process and is not safe for runs from two threads at once (a server prefills a persona on its
+# prefill thread while its tick thread steps the others: measured, a CPU node of one run read
+# another's shapes). A GPU runs one queue anyway; this makes the host side agree.
+ADAPTER_LOCK = threading.RLock()
+
 
 def device_value(shape: Sequence[int], dtype: str, fill: float | None = 0.0):
     """A tensor allocated on the WebGPU adapter (zeros, or `fill`, or left as allocated when
     None)."""
     import onnxruntime as ort
 
-    if fill is None:
-        return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), host_dtype(dtype),
-                                                         "webgpu", 0)
-    return ort.OrtValue.ortvalue_from_numpy(np.full(shape, fill, host_dtype(dtype)), "webgpu", 0)
+    with ADAPTER_LOCK:
+        if fill is None:
+            return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), host_dtype(dtype),
+                                                             "webgpu", 0)
+        return ort.OrtValue.ortvalue_from_numpy(np.full(shape, fill, host_dtype(dtype)),
+                                                "webgpu", 0)
 
 
 def _groups(specs: list[RingSpec]) -> dict[tuple, list[int]]:
@@ -107,8 +116,9 @@ class RingWriter:
         # copied up each frame: onnxruntime copies a host array bound to a GPU session when it
         # is bound, not at each run
         self._dev_slots = [device_value(a.shape, "int32") for a in self._slots]
-        self._session = ort.InferenceSession(ring_write_model(self.specs, False),
-                                             options(capture))
+        with ADAPTER_LOCK:
+            self._session = ort.InferenceSession(ring_write_model(self.specs, False),
+                                                 options(capture))
         self._binding = self._bind(self._session, self.rows, self._dev_slots)
         self._run_options = ort.RunOptions()
         if capture:
@@ -139,18 +149,19 @@ class RingWriter:
     def write(self, positions: dict[str, np.ndarray], active: list[int] | None) -> None:
         """After a step: every ring's new rows into their slots, for the batch rows in
         `active` (None: all). `positions`: each position name's [B] values before the step."""
-        if active is not None and len(active) < self.specs[0].shape[0]:
-            self._write_held(positions, active)
-            return
-        self._fill_slots(positions, self.specs[0].rows_shape[2], self._slots)
-        for dev, host in zip(self._dev_slots, self._slots):
-            dev.update_inplace(host)
-        self._session.run_with_iobinding(self._binding, self._run_options)
+        with ADAPTER_LOCK:
+            if active is not None and len(active) < self.specs[0].shape[0]:
+                self._write_held(positions, active)
+                return
+            self._fill_slots(positions, self.specs[0].rows_shape[2], self._slots)
+            for dev, host in zip(self._dev_slots, self._slots):
+                dev.update_inplace(host)
+            self._session.run_with_iobinding(self._binding, self._run_options)
 
     def _write_held(self, positions: dict[str, np.ndarray], active: list[int]) -> None:
         import onnxruntime as ort
 
-        if self._held is None:
+        if self._held is None:  # (under ADAPTER_LOCK: write's)
             session = ort.InferenceSession(ring_write_model(self.specs, True), self._options(False))
             masks = [device_value((key[1][0], 1, 1, 1), "bool", False) for key, _ in self._groups]
             binding = self._bind(session, self.rows, self._dev_slots, masks)
@@ -173,8 +184,9 @@ class RingWriter:
         import onnxruntime as ort
 
         hold = len(active) < self.specs[0].shape[0]
-        session = ort.InferenceSession(ring_write_model(self.specs, hold, rows=count),
-                                       self._options(False))
+        with ADAPTER_LOCK:
+            session = ort.InferenceSession(ring_write_model(self.specs, hold, rows=count),
+                                           self._options(False))
         slots = [np.zeros((*key[1][:2], count, key[1][3]), np.int32) for key, _ in self._groups]
         self._fill_slots(positions, count, slots)
         masks = None
@@ -182,10 +194,10 @@ class RingWriter:
             write = np.zeros((self.specs[0].shape[0], 1, 1, 1), np.bool_)
             write[active] = True
             masks = [ort.OrtValue.ortvalue_from_numpy(write, "webgpu", 0) for _ in self._groups]
-        binding = self._bind(session, new_rows,
-                             [ort.OrtValue.ortvalue_from_numpy(a, "webgpu", 0) for a in slots],
-                             masks)
-        session.run_with_iobinding(binding)
+        with ADAPTER_LOCK:
+            binding = self._bind(session, new_rows, [ort.OrtValue.ortvalue_from_numpy(
+                a, "webgpu", 0) for a in slots], masks)
+            session.run_with_iobinding(binding)
 
 
 class WebGpuStore:
@@ -196,7 +208,12 @@ class WebGpuStore:
         self.value = value  # an OrtValue on the adapter
 
     def _whole(self) -> np.ndarray:
-        return self.value.numpy()
+        with ADAPTER_LOCK:
+            return self.value.numpy()
+
+    def _put(self, whole: np.ndarray) -> None:
+        with ADAPTER_LOCK:
+            self.value.update_inplace(np.ascontiguousarray(whole))
 
     def read(self, rows: list[int]) -> np.ndarray:
         return self._whole()[rows].copy()
@@ -204,12 +221,12 @@ class WebGpuStore:
     def write(self, rows: list[int], array: np.ndarray) -> None:
         whole = self._whole()
         whole[rows] = array
-        self.value.update_inplace(np.ascontiguousarray(whole))
+        self._put(whole)
 
     def fill(self, rows: list[int], value: float) -> None:
         whole = self._whole()
         whole[rows] = value
-        self.value.update_inplace(np.ascontiguousarray(whole))
+        self._put(whole)
 
     def copy_rows_from(self, other: "WebGpuStore", rows: list[int]) -> None:
         self.write(rows, other._whole()[rows])
@@ -220,4 +237,4 @@ class WebGpuStore:
     def write_slots(self, rows: list[int], array: np.ndarray) -> None:
         whole = self._whole()
         whole[rows, :, :array.shape[2]] = array
-        self.value.update_inplace(np.ascontiguousarray(whole))
+        self._put(whole)
