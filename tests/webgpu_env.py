@@ -20,3 +20,27 @@ def software_webgpu_env(env=os.environ) -> None:
         env.setdefault("VK_ICD_FILENAMES", str(SWIFTSHADER_ICD))
     if "XDG_RUNTIME_DIR" not in env:  # Dawn prints an error line without one
         env["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="xdg-")
+
+
+def adapter_or_skip():
+    """The WebGPU adapter the tests run on, or a skip saying what installs one (a failure in
+    CI, which installs it: tests/ci_parts.py)."""
+    import pytest
+
+    from personaplex_edge.runtime.backends.webgpu_adapter import WebGpuUnavailable, find_adapter
+
+    try:
+        return find_adapter()
+    except WebGpuUnavailable as e:
+        pytest.skip(f"no WebGPU adapter here ({e}): scripts/install.sh installs SwiftShader "
+                    "(chromium) and libvulkan1")
+
+
+def cli(args: list[str], env: dict | None = None, prefix: tuple[str, ...] = ()):
+    """`personaplex-edge ARGS` in a process of its own (its stdout, stderr and exit code)."""
+    import subprocess
+    import sys
+
+    return subprocess.run([*prefix, sys.executable, "-m", "personaplex_edge.cli", *args],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
