@@ -165,8 +165,11 @@ def cmd_verify(args) -> int:
 
         report.findings += against_checkpoint(model_dir, manifest, args.checkpoint, _note,
                                               transcriber=args.transcriber)
+    from .devices import model_devices
+
     for finding in report.findings:
         print(finding.line())
+    print("runs on: " + "; ".join(model_devices(manifest)))
     if args.json:
         write_text_atomic(Path(args.json), report.to_json())
     failures = report.failures()

@@ -5,6 +5,7 @@ Everything in it comes from the manifest, so the card cannot say what the files 
 from __future__ import annotations
 
 from .contract import DEPFORMER_STEP, HELIUM_STEP
+from .devices import model_devices
 from .manifest import GraphEntry, Manifest
 
 # The weights are NVIDIA's (nvidia/personaplex-7b-v1); this project's code is MIT.
@@ -31,6 +32,11 @@ def _figures(entry: GraphEntry) -> str:
     how = check["how"] + (f", {check['weight_rows_compared']} weight rows compared"
                           if "weight_rows_compared" in check else "")
     return f"{how}, {check['calls']} calls: " + "; ".join(parts)
+
+
+def _devices(manifest: Manifest) -> str:
+    lines = model_devices(manifest)
+    return "; ".join(lines[:-1]) + " and " + lines[-1] if len(lines) > 1 else lines[0]
 
 
 def model_card(manifest: Manifest, repo: str) -> str:
@@ -60,11 +66,13 @@ personaplex-edge: ONNX graphs and their manifest, run by a torch-free runtime (o
 TensorRT) and fetched by name:
 
 ```
-pip install 'personaplex-edge[cpu]'        # or [gpu], [trt], [jetson]
+pip install 'personaplex-edge[cpu]'        # or [gpu], [trt], [rtx], [webgpu], [jetson]
 personaplex-edge run --model {repo} --input question.wav --output answer.wav
 personaplex-edge serve --model {repo}
 personaplex-edge verify --model {repo}      # every file's hash, every graph's signature
 ```
+
+It runs on {_devices(manifest)}.
 
 ## Export
 

@@ -151,3 +151,29 @@ def test_a_float16_model_on_an_adapter_without_shader_f16_names_the_export_that_
     assert done.stderr.count("\n") <= 2, done.stderr  # one message, no traceback
 
 
+
+
+def test_verify_and_the_model_card_say_which_devices_a_model_runs_on(short_models, tmp_path,
+                                                                    capsys):
+    """fp32, and int4 with float32 compute, run on every WebGPU adapter; fp16 only on adapters
+    with shader-f16: `verify` prints it and the model card says it."""
+    from personaplex_edge.cli import main
+    from personaplex_edge.export.precision import convert_model_dir
+    from personaplex_edge.manifest import load_model_dir
+    from personaplex_edge.model_card import model_card
+
+    fp16 = convert_model_dir(short_models["fp32"], tmp_path / "fp16", "fp16",
+                             progress=lambda s: None)
+    said = {}
+    for name, model_dir in (("fp32", short_models["fp32"]), ("int4", short_models["int4"]),
+                            ("fp16", tmp_path / "fp16")):
+        assert main(["verify", "--model", str(model_dir)]) == 0
+        said[name] = next(line for line in capsys.readouterr().out.splitlines()
+                          if line.startswith("runs on: "))
+    for name in ("fp32", "int4"):
+        assert "WebGPU (Vulkan, Metal, D3D12), every adapter (--device webgpu)" in said[name]
+        assert "the CPU" in said[name]
+    assert "adapters with shader-f16 (--device webgpu)" in said["fp16"]
+    card = model_card(fp16, "someone/short-fp16")
+    assert "adapters with shader-f16" in card
+    assert "every adapter" in model_card(load_model_dir(short_models["int4"]), "someone/x")
