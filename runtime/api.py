@@ -348,9 +348,9 @@ class Conversation:
         return self.core.transcribing
 
     def heard_events(self) -> list[Heard]:
-        """What the user said since the last call: "piece" (a piece as it is written, for
-        live captions), "word" (a finished word with its start and end in seconds), "turn"
-        (the user's turn is over: its text). Each carries its turn's number (`item`). The
+        """What the user said since the last call: "piece" (what a piece adds to the turn's
+        text, for live captions: a turn's pieces joined are its text), "word" (a finished word
+        with its start and end in seconds), "turn" (the user's turn is over: its text). Each carries its turn's number (`item`). The
         words run about half a second behind the audio (docs/heard.md).
 
             >>> for e in conv.heard_events():

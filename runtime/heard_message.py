@@ -3,8 +3,8 @@ user said, as the model's transcriber heard it (runtime/heard.py). The payload i
 object.
 
     client -> server   {"hear": true}     send what is heard from now on ({"hear": false} stops)
-    server -> client   {"event": "piece", "text": " hel", "item": 1, "step": 11,
-                        "start": 0.38, "end": 0.38}        a piece as it is written
+    server -> client   {"event": "piece", "text": "hel", "item": 1, "step": 11,
+                        "start": 0.38, "end": 0.38}        what a piece adds to the turn's text
                        {"event": "word", "text": "hello", "item": 1, "step": 13,
                         "start": 0.38, "end": 0.54}        a finished word, its time in the audio
                        {"event": "turn", "text": "hello world", "item": 1, "step": 25,
