@@ -33,6 +33,7 @@
 #   cuda-python          the major version of the driver's CUDA (device buffers, copies, graphs)
 #   tensorrt-rtx-cuXX    on an RTX card: TensorRT for RTX for the driver's CUDA major version,
 #                        its real libraries from PyPI (~95 MB)
+#   onnxruntime-ep-webgpu  the WebGPU stages (Vulkan; ~16 MB)
 #   tensorrt-cuXX        elsewhere: mainline TensorRT for the driver's CUDA major version (a
 #                        plain `tensorrt` is the CUDA 13 one from TensorRT 11 on); from PyPI,
 #                        with pypi.nvidia.com as an extra index where it answers. If it does not
@@ -160,6 +161,10 @@ else
     step "tensorrt-cu$CUDA_MAJOR" $PIP "tensorrt-cu$CUDA_MAJOR" $TRT_INDEX \
         || say "    TensorRT did not install: the TensorRT stages will be skipped"
 fi
+# the WebGPU stages: the same card through Vulkan (onnxruntime's WebGPU plugin rides on the
+# onnxruntime module installed above; the Vulkan loader is the system's, libvulkan1)
+step "onnxruntime-ep-webgpu" $PIP "onnxruntime-ep-webgpu" \
+    || say "    the WebGPU plugin did not install: the WebGPU stages will be skipped"
 $PY -c "import onnxruntime as o; print('onnxruntime', o.__version__, o.get_available_providers())" \
     || say "onnxruntime does not import"
 

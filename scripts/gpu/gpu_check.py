@@ -502,10 +502,12 @@ def main() -> None:
                          "imports, else TensorRT for RTX)")
     ap.add_argument("--work", default="/tmp/personaplex_gpu_check")
     ap.add_argument("--frames", type=int, default=100)
-    ap.add_argument("--configs", default="tiny,codec,mid",
+    ap.add_argument("--configs", default="tiny,codec,mid,webgpu",
                     help="tiny and mid: the LM (random weights) in each precision; codec: the "
                     "real-size Mimi; demo: the built-in demo through the public API on the "
-                    "GPU and the CPU; 7b: the 7B's fp16 graphs from --skeleton")
+                    "GPU and the CPU; 7b: the 7B's fp16 graphs from --skeleton; webgpu: the "
+                    "tiny and mid LM and the demo on the card through WebGPU "
+                    "(scripts/gpu/webgpu_check.py)")
     ap.add_argument("--skeleton", default=str(Path(__file__).resolve().parents[2] / "build"
                                               / "carry" / "7b-skeleton"),
                     help="the 7B's fp16 skeleton (scripts/gpu/skeleton.py make)")
@@ -583,6 +585,15 @@ def main() -> None:
             continue
         if name == "7b":
             full_size_stages(Path(args.skeleton), root, 20)
+            continue
+        if name == "webgpu":
+            from webgpu_check import webgpu_stages
+
+            built = {c: STAGES.run(f"webgpu: {c} float32 (random weights)",
+                                   lambda c=c: export_fp32(config(c), work / c), need_s=60)
+                     for c in ("tiny", "mid")}
+            webgpu_stages(STAGES, root, {c: d for c, d in built.items() if d is not None},
+                          frames, TIMINGS)
             continue
         cfg = config(name)
         fp32 = STAGES.run(f"{name}: export float32 (random weights)",
