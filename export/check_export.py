@@ -1,5 +1,5 @@
 """A finished export against the checkpoint it came from: each graph beside its torch module, with
-the export's own check (model_export.check_codec_graph, lm.check_lm_graph) on the same seeded
+the export's own check (codec_export.check_codec_graph, lm.check_lm_graph) on the same seeded
 inputs, over the same frames and at the same tolerance. `personaplex-edge verify --checkpoint`.
 
 The export checks the language model's graphs in float32, before converting them to a lower
@@ -26,7 +26,7 @@ from .hub import resolve_checkpoint
 from .lm import (check_lm_graph, converted_weights_check, full_check_fits, lm_jobs,
                  open_lm_header, spot_check_weights)
 from .mimi import load_mimi
-from .model_export import check_codec_graph, codec_steps
+from .codec_export import check_codec_graph, codec_steps
 
 Progress = Callable[[str], None]
 

@@ -39,7 +39,7 @@ from personaplex_edge.manifest import (GraphEntry, Manifest, load_model_dir, sha
 from personaplex_edge.streams import CODEBOOKS_PER_SPEAKER
 
 from .mimi import load_mimi
-from .model_export import CODEC_CHECK_CALLS, codec_steps, export_codec
+from .codec_export import CODEC_CHECK_CALLS, codec_steps, export_codec
 from .precision_plan import check_transcriber_plan
 from .transcriber import TranscriberFiles, check_shared_codec, export_transcriber_graph
 
