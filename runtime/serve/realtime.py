@@ -334,8 +334,6 @@ class RealtimeWire(Wire):
         elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(GRACE_S, self._fix)
 
-    heard = audio_came  # webrtc_call.py's name for it, until that file's next change
-
     def _update_may_come(self) -> bool:
         """Whether a session.update may still shape the persona: none has given one yet."""
         return self._pending is None
