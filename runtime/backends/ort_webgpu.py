@@ -52,6 +52,8 @@ def adapter_options(adapter: WebGpuAdapter, threads: int | None = None):
     onnxruntime keeps on the CPU)."""
     def make(capture: bool):
         opts = session_options(threads)
+        if capture:  # a refused capture is the caller's to say, not onnxruntime's error line
+            opts.log_severity_level = 4
         opts.add_provider_for_devices([adapter.ep_device], {
             **PROVIDER_OPTIONS, "enableGraphCapture": "1" if capture else "0"})
         return opts
