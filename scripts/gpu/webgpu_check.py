@@ -88,7 +88,8 @@ def lm_stages(stages: Stages, label: str, fp32: Path, work: Path, user: np.ndarr
             def one(capture=capture):
                 r = _greedy(model, "webgpu", user, capture)
                 same = (r["tokens"] == cpu["tokens"]).all(axis=1) if cpu else None
-                row = {"model": name, "backend": "webgpu" + (", capture asked" if capture else ""),
+                row = {"model": name,
+                       "backend": "webgpu" + (", capture asked" if capture else ""),
                        "temporal_ms": r["temporal_ms"], "depformer_ms": r["depformer_ms"],
                        "frames_equal_cpu": None if same is None else float(same.mean())}
                 timings.append(row)
