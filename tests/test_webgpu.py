@@ -191,7 +191,7 @@ def test_serve_on_webgpu_holds_conversations_on_both_protocols(demo_pair, demo_m
     assert np.abs(got - want_audio.astype(np.int32)).max() <= 64  # 2e-3 of full scale
 
 
-# -- refusals ---------------------------------------------------------------------------------------
+# -- refusals --------------------------------------------------------------------------------------
 def _without_software_switch() -> dict:
     env = dict(os.environ)
     env.pop(SOFTWARE_SWITCH, None)
