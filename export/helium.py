@@ -30,6 +30,7 @@ from torch.nn import functional as F
 from personaplex_edge.config import HeliumConfig, PersonaPlexConfig
 
 from .mimi_transformer import apply_rope, rope_frequencies, rope_tables
+from .ring_slots import newest_positions
 from .sampling import sample_top_k
 
 
@@ -160,9 +161,7 @@ class Helium(nn.Module):
         which ring slots frame f sees (see the module docstring). Slot j holds the newest
         position p_j < position with p_j = j (mod T)."""
         T = self.context
-        slots = torch.arange(T, dtype=torch.int64)  # [T]
-        last = position[:, None] - 1  # [B, 1]
-        held = last - torch.remainder(last - slots[None, :], T)  # [B, T]: p_j
+        held = newest_positions(position, T)  # [B, T]: p_j
         query = position[:, None] + frames[None, :]  # [B, F]
         visible = (held[:, None, :] >= 0) & (query[:, :, None] - held[:, None, :] < T)
         return visible[:, None]  # [B, 1, F, T]

@@ -22,6 +22,7 @@ from personaplex_edge.config import PersonaPlexMimiConfig
 from personaplex_edge.contract import KV_KINDS, MIMI_RING_PREFIX, MIMI_ROWS_PREFIX, state_input
 from personaplex_edge.manifest import RingSpec, StateSpec
 
+from .ring_slots import newest_positions
 from .streaming import State, Stateful
 
 
@@ -88,8 +89,12 @@ class WindowAttention(Stateful):
         scale = Dh ** -0.5
         scores = torch.cat([torch.matmul(q, ring_k.transpose(2, 3)),  # [B, H, T, W]
                             torch.matmul(q, k.transpose(2, 3))], dim=-1) * scale  # [B, H, T, W+T]
-        visible = torch.cat([ring_visible, new_visible], dim=-1)  # [B, 1, T, W+T]
-        probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+        # the mask as an additive 0 / -inf (exactly masked_fill's result): a concatenation of
+        # booleans has no WebGPU kernel and would run on the host
+        hidden = torch.tensor(float("-inf"))
+        mask = torch.cat([torch.where(ring_visible, 0.0, hidden),
+                          torch.where(new_visible, 0.0, hidden)], dim=-1)  # [B, 1, T, W+T]
+        probs = torch.softmax(scores + mask, dim=-1)
         out = (torch.matmul(probs[..., :self.window], ring_v)
                + torch.matmul(probs[..., self.window:], v))  # [B, H, T, Dh]
         out = self.out_proj(out.transpose(1, 2).reshape(B, T, D))
@@ -150,8 +155,7 @@ class MimiTransformer(Stateful):
         offset = state[f"{self.state_key}.offset"]  # [B]
         pos_q = offset[:, None] + torch.arange(T, dtype=torch.int64)  # [B, T]
         # ring slot j holds the newest position p_j < offset with p_j = j (mod W)
-        last = offset[:, None] - 1  # [B, 1]
-        pos_k = last - torch.remainder(last - torch.arange(W), W)  # [B, W]
+        pos_k = newest_positions(offset, W)  # [B, W]
         # visible: written (p >= 0) and still inside the window after this call's T rows land
         ring_visible = (pos_k >= 0) & (pos_k >= offset[:, None] + T - W)  # [B, W]
         ring_visible = ring_visible[:, None, None, :].expand(B, 1, T, W)  # [B, 1, T, W]

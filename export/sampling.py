@@ -27,6 +27,8 @@ def sample_top_k(logits: torch.Tensor, noise: torch.Tensor, temperature: torch.T
     k_max, vocab = int(noise.shape[-1]), int(logits.shape[-1])  # static at export
     if k_max > vocab:
         raise ValueError(f"K_max {k_max} exceeds the vocabulary ({vocab})")
+    if vocab > 1 << 24:
+        raise ValueError(f"a vocabulary of {vocab} is past float32's exact integers")
     scaled = logits / temperature.clamp(min=MIN_TEMPERATURE)[:, None]  # [B, V]
     best, index = torch.topk(scaled, k_max, dim=-1)  # [B, K_max] each, best first
     limit = torch.where(top_k > 0, top_k.clamp(max=k_max), torch.full_like(top_k, k_max))
@@ -34,7 +36,9 @@ def sample_top_k(logits: torch.Tensor, noise: torch.Tensor, temperature: torch.T
     keep = rank[None, :] < limit[:, None]  # [B, K_max]
     scores = torch.where(keep, best + noise, torch.full_like(best, float("-inf")))
     pick = scores.argmax(dim=-1, keepdim=True)  # [B, 1]
-    return index.gather(-1, pick)[:, 0]
+    # gathered as float32, exact for any vocabulary below 2^24: WebGPU's GatherElements takes
+    # float data only, and one kept on the CPU would send every step's top-k through the host
+    return index.to(torch.float32).gather(-1, pick)[:, 0].to(torch.int64)
 
 
 def top_k_probabilities(logits: torch.Tensor, temperature: float, top_k: int) -> torch.Tensor:

@@ -95,12 +95,13 @@ def test_the_lm_on_webgpu_gives_the_cpus_greedy_tokens_past_the_ring_wrap(
 def test_graph_capture_where_the_provider_allows_it_gives_the_cpus_tokens(
         adapter, short_models, monkeypatch):
     """PERSONAPLEX_WEBGPU_CAPTURE=1: the provider captures a graph only when all its nodes are
-    on the adapter. The ring write is (its ScatterElements, recorded once and replayed each
-    frame with the new slots copied into its fixed buffer); the steps as exported keep int64
-    nodes on the CPU, which the load says, and run uncaptured. The tokens are the CPU's, past
-    the wrap."""
+    on the adapter. The depformer's are (its sampling gathers in float32, not int64), so its
+    step is recorded once per state parity and replayed, the inputs copied into fixed buffers
+    each call; so is the ring write. Helium keeps its frames axis's shape arithmetic on the
+    CPU: the load says so and it runs uncaptured. The tokens are the CPU's, past the wrap."""
     from lm_probe import GreedyLM
 
+    from personaplex_edge.manifest import load_model_dir
     from personaplex_edge.runtime.backends.ort_webgpu import CAPTURE_SWITCH
 
     model_dir = short_models["fp32"]
@@ -108,18 +109,18 @@ def test_graph_capture_where_the_provider_allows_it_gives_the_cpus_tokens(
     cpu = _greedy_lm_tokens(model_dir, "cpu", codes)
     monkeypatch.setenv(CAPTURE_SWITCH, "1")
     said = []
-    from personaplex_edge.manifest import load_model_dir
-
     manifest = load_model_dir(model_dir, need="lm")
-    lm = GreedyLM(model_dir, manifest, opener=lambda name: load_graphs(
-        model_dir, manifest, [name], "webgpu", progress=said.append)[name].bind())
+    loaded = load_graphs(model_dir, manifest, ["helium_step", "depformer_step"], "webgpu",
+                         progress=said.append)
+    assert loaded["depformer_step"].capture and not loaded["helium_step"].capture
+    assert any(line.startswith("graph capture: depformer_step captured") and
+               "refused it for helium_step" in line for line in said), said
+    lm = GreedyLM(model_dir, manifest, opener=lambda name: loaded[name].bind())
     try:
         assert lm.helium._rings._run_options.get_run_config_entry("gpu_graph_id") == "1"
         np.testing.assert_array_equal(lm.run(codes).tokens, cpu)
     finally:
         lm.close()
-    assert any(line.startswith("graph capture: ") and "refused it for helium_step" in line
-               for line in said), said
 
 
 def test_a_float16_model_on_an_adapter_without_shader_f16_names_the_export_that_fits(
