@@ -204,8 +204,7 @@ class OrtGraph(BoundGraph):
         return self._stores[self._turn][position.removeprefix(STATE_INPUT_PREFIX)].array.reshape(-1)
 
     def _call(self, active: list[int] | None) -> None:
-        if self._session is None:
-            raise ModelDirError(f"{self.entry.file}: this graph was closed")
+        self._check_open(self._session)
         if self.device != "cpu":
             for name, host in self.inputs.items():
                 self._dev_inputs[name].update_inplace(host)
@@ -228,9 +227,7 @@ class OrtGraph(BoundGraph):
         are made for this call: it runs once per persona, not per frame."""
         import onnxruntime as ort
 
-        if self._session is None:
-            raise ModelDirError(f"{self.entry.file}: this graph was closed")
-        count = next(iter(frames.values())).shape[1]
+        count = self._frames_count(frames, self._session)
         binding = self._session.io_binding()
         keep = []  # the arrays the binding reads and writes, alive for the call
         for name, value in self._dev_inputs.items():
@@ -251,9 +248,6 @@ class OrtGraph(BoundGraph):
                                         ort.OrtValue.ortvalue_from_numpy(self.rings[r.input_name]))
             binding.bind_ortvalue_output(r.output_name,
                                          ort.OrtValue.ortvalue_from_numpy(rows[r.output_name]))
-        if self.entry.state:
-            raise ModelDirError(f"{self.entry.file}: a call over several frames is for graphs "
-                                "without state tensors")
         for name, before in self._positions.items():
             np.copyto(before, self.ring_positions(name))
         self._session.run_with_iobinding(binding)

@@ -159,8 +159,7 @@ class OrtCudaGraph(DeviceGraph):
 
     def _call(self, active: list[int] | None) -> None:
         """One call; the new K/V rows are written into the rings before it returns."""
-        if self._session is None:
-            raise ModelDirError(f"{self.entry.file}: this graph was closed")
+        self._check_open(self._session)
         positions = self._positions.now()  # before the call
         for name, pinned in self._pinned_in.items():
             copy_to_device(self._dev_in[name].ptr, pinned.array, self.stream, pinned.ptr)

@@ -182,8 +182,7 @@ class OrtWebGpuGraph(BoundGraph):
             self._call_locked(active)
 
     def _call_locked(self, active: list[int] | None) -> None:
-        if self._session is None:
-            raise ModelDirError(f"{self.entry.file}: this graph was closed")
+        self._check_open(self._session)
         positions = self._positions() if self._rings is not None else {}
         binding = self._bindings[self._turn]
         if self._capture:
@@ -205,12 +204,7 @@ class OrtWebGpuGraph(BoundGraph):
         import onnxruntime as ort
 
         with ADAPTER_LOCK:  # its buffers are made, bound and run on the adapter
-            if self._session is None:
-                raise ModelDirError(f"{self.entry.file}: this graph was closed")
-            if self.entry.state:
-                raise ModelDirError(f"{self.entry.file}: a call over several frames is for graphs "
-                                    "without state tensors")
-            count = next(iter(frames.values())).shape[1]
+            count = self._frames_count(frames, self._session)
             binding = self._session.io_binding()
             keep = []  # the host arrays the binding reads, alive for the call
             for name, host in self.inputs.items():

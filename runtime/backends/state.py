@@ -24,7 +24,7 @@ from typing import Iterable, Protocol, Sequence
 
 import numpy as np
 
-from personaplex_edge.errors import StateError
+from personaplex_edge.errors import ModelDirError, StateError
 from personaplex_edge.manifest import GraphEntry, RingSpec, StateSpec
 
 
@@ -189,6 +189,20 @@ class BoundGraph:
 
     def _call(self, active: list[int] | None) -> None:
         raise NotImplementedError
+
+    def _check_open(self, handle) -> None:
+        """`handle` (the backend's session or context) is None once the graph was closed."""
+        if handle is None:
+            raise ModelDirError(f"{self.entry.file}: this graph was closed")
+
+    def _frames_count(self, frames: dict[str, np.ndarray], handle) -> int:
+        """A call over several frames (run_frames), checked the same on every backend: the
+        graph open, without state tensors. -> F, the frames of the call."""
+        self._check_open(handle)
+        if self.entry.state:
+            raise ModelDirError(f"{self.entry.file}: a call over several frames is for graphs "
+                                "without state tensors")
+        return next(iter(frames.values())).shape[1]
 
     def _positions_changed(self) -> None:
         pass

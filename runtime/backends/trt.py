@@ -222,12 +222,7 @@ class TrtGraph(DeviceGraph):
         the other rows are not written. It runs on an execution context of its own, so the
         live step's context (and a CUDA graph captured on it) keeps its shapes and addresses;
         the per-call buffers are made for the call (once per persona, not per frame)."""
-        if self.context is None:
-            raise ModelDirError(f"{self.entry.file}: this graph was closed")
-        if self.entry.state:
-            raise ModelDirError(f"{self.entry.file}: a call over several frames is for graphs "
-                                "without state tensors")
-        count = next(iter(frames.values())).shape[1]
+        count = self._frames_count(frames, self.context)
         if self._frames_context is None:
             self._frames_context = self.graph.context()
         ctx, temps = self._frames_context, []
@@ -276,8 +271,7 @@ class TrtGraph(DeviceGraph):
                 buf.close()
 
     def _call(self, active: list[int] | None) -> None:
-        if self.context is None:
-            raise ModelDirError(f"{self.entry.file}: this graph was closed")
+        self._check_open(self.context)
         self.enqueue(active=active)
         self.stream.synchronize()
 
