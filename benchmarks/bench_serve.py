@@ -226,9 +226,10 @@ async def talk(url: str, pages: list[bytes], query: str = "", pace: float | None
 
 
 async def _converse(ws, reading: asyncio.Task, stream, res: ClientResult, tail_s: float,
-                    until_frames: int | None) -> None:
+                    until_frames: int | None, until=None) -> None:
     """A client's conversation once connected and reading: `stream` (its audio), then `tail_s`
-    more of listening (or until `until_frames` answer frames came), then the close."""
+    more of listening (or until `until_frames` answer frames came, or `until(res)` holds),
+    then the close."""
     import aiohttp
 
     try:
@@ -236,6 +237,8 @@ async def _converse(ws, reading: asyncio.Task, stream, res: ClientResult, tail_s
         deadline = time.perf_counter() + tail_s
         while not reading.done() and time.perf_counter() < deadline:
             if until_frames is not None and res.answer_samples // FRAME >= until_frames:
+                break
+            if until is not None and until(res):
                 break
             await asyncio.sleep(0.01)
     except (asyncio.TimeoutError, ConnectionResetError, aiohttp.ClientError):
@@ -254,12 +257,14 @@ async def talk_realtime(url: str, pcm: np.ndarray, session: dict | None = None,
                         pace: float | None = FRAME_S, chunk: int = 2 * FRAME,
                         tail_s: float = 1.0, headers: dict | None = None, query: str = "",
                         until_frames: int | None = None, start: "asyncio.Barrier | None" = None,
-                        keep: bool = False, ready_timeout: float = 30.0) -> ClientResult:
+                        keep: bool = False, ready_timeout: float = 30.0,
+                        until=None) -> ClientResult:
     """One `/v1/realtime` client: connects, sends `session` as its session.update and waits
     for session.updated (None: sends none and streams at once), then appends `pcm` as PCM16,
     `chunk` bytes an event, one every `pace` seconds (None: as fast as it can), keeps reading
-    `tail_s` more (or until `until_frames` answer frames came), then closes. `keep`: every event
-    and the answer's PCM16 are kept in the result."""
+    `tail_s` more (or until `until_frames` answer frames came, or `until(result)` holds: a
+    state to wait for, so `tail_s` can be long), then closes. `keep`: every event and the
+    answer's PCM16 are kept in the result."""
     import aiohttp
 
     from personaplex_edge.audio import pcm16_bytes
@@ -323,7 +328,7 @@ async def talk_realtime(url: str, pcm: np.ndarray, session: dict | None = None,
                 res.frames_sent = len(sent_at)
 
         await _converse(ws, asyncio.create_task(receive()), stream(), res, tail_s,
-                        until_frames)
+                        until_frames, until)
     res.audio = bytes(audio)
     return res
 
