@@ -177,11 +177,11 @@ def check_plans(precision: str, backend: str, kv_dtype: str | None = None,
 
 
 def check_transcriber_plan(precision: str, backend: str, kv_dtype: str | None = None,
-                           ) -> tuple[PrecisionPlan, list[str]]:
+                           compute: str | None = None) -> tuple[PrecisionPlan, list[str]]:
     """check_plans for a transcriber added alone to an exported model: its step's plan, and
     the warnings to show before it is exported."""
-    plans, warnings = _checked({TRANSCRIBER_STEP: plan_for(precision, backend, kv_dtype)},
-                               backend)
+    plans, warnings = _checked({TRANSCRIBER_STEP: plan_for(
+        precision, backend, kv_dtype, None, _compute_of(precision, compute))}, backend)
     return plans[TRANSCRIBER_STEP], warnings
 
 

@@ -108,19 +108,25 @@ def export_transcriber_encoder(stt: TranscriberFiles, mimi_cfg: PersonaPlexMimiC
 
 def add_transcriber(model_dir: str | Path, stt: TranscriberFiles, precision: str | None = None,
                     verify: str = "auto", progress: Progress = print,
-                    engine_builder: Callable | None = None) -> Manifest:
+                    engine_builder: Callable | None = None,
+                    compute: str | None = None) -> Manifest:
     """Adds (or replaces) the transcriber of the model in `model_dir` (module docstring).
     `engine_builder`: on a TensorRT model, builds the engines of the graphs it is given
     (trt_build.build_engines with the --library, --targets, --weightless setup); without one
-    they are left to `engines --graphs` or the first run on a GPU."""
+    they are left to `engines --graphs` or the first run on a GPU. `compute` (int8/int4: the
+    float type around their products) defaults to the model's own Helium's, so a model made
+    for every WebGPU adapter (float32) gets a transcriber that runs on them too."""
     model_dir = Path(model_dir)
     manifest = load_model_dir(model_dir, need="lm", progress=progress)
     cfg = manifest.config
     check_shared_codec(stt, cfg.mimi_config)
     helium = manifest.graphs[HELIUM_STEP]
     precision = precision or helium.precision
+    if compute is None and helium.precision in ("int8", "int4"):
+        compute = helium.compute
     plan, warnings = check_transcriber_plan(precision, manifest.backend,
-                                            helium.rings[0].dtype if helium.rings else None)
+                                            helium.rings[0].dtype if helium.rings else None,
+                                            compute)
     for line in warnings:
         progress(line)
     batch = manifest.batch

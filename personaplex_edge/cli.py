@@ -141,7 +141,7 @@ def _export_transcriber(args) -> int:
     t0 = time.perf_counter()
     add_transcriber(args.out, resolve_transcriber(args.transcriber),
                     precision=args.transcriber_precision, verify=args.verify,
-                    engine_builder=builder)
+                    engine_builder=builder, compute=args.compute)
     print(f"done in {time.perf_counter() - t0:.1f} s")
     if args.push_to_hub:
         from .publish import push_model
@@ -302,6 +302,8 @@ def cmd_run(args) -> int:
     if args.user_text_out and not conv.transcribing:
         raise PersonaPlexError(f"--user-text-out: {no_transcriber(model.model_dir)}")
     if args.realtime:
+        import numpy as np
+
         from .runtime.audio_io.paced_file import run_paced
         from .runtime.say import SayPlan
 
@@ -317,8 +319,14 @@ def cmd_run(args) -> int:
                 heard.add(conv.core.heard_token)
             return audio
 
-        out, loop = run_paced(step, pcm, frame_size=model.frame_size,
+        # the last frame completed with silence, as respond() does: every sample is heard
+        padding = (-pcm.shape[0]) % model.frame_size
+        out, loop = run_paced(step, np.concatenate([pcm, np.zeros(padding, pcm.dtype)]),
+                              frame_size=model.frame_size,
                               max_backlog_frames=args.max_backlog_frames, on_tick=_LiveStatus())
+        if heard is not None:  # the words still inside the transcriber's delay (heard.md)
+            for token in conv.core.flush_heard(padding):
+                heard.add(token)
         text, records = transcript.text, transcript.records
         user_text, user_records = (heard.text, heard.records) if heard else ("", [])
     else:

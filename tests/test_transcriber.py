@@ -101,6 +101,13 @@ def test_the_last_words_of_speech_to_the_end_are_heard(short_reference, tmp_path
     assert got == want
     tail = [r for r in got[frames:] if r not in ("PAD", "EPAD")]
     assert tail, "moshi writes pieces after the input's end: the test would not tell"
+    # the same through the live loop at a microphone's pace (a backlog as long as the input:
+    # a busy machine drops nothing)
+    assert main(["run", "--model", str(stt_model_dir()), "--input", str(tmp_path / "in.wav"),
+                 "--output", str(tmp_path / "r.wav"), "--user-text-out",
+                 str(tmp_path / "r.json"), "--greedy", "--no-persona", "--realtime",
+                 "--max-backlog-frames", str(frames)]) == 0
+    assert json.loads((tmp_path / "r.json").read_text()) == want
     model = pe.load(stt_model_dir(), device="cpu")
     try:
         with model.conversation(persona=False, greedy=True) as conv:
