@@ -1,6 +1,6 @@
 """`say` in figures: how soon words start, how fast they go, and what an idle word queue costs a
 frame, side by side with a baseline tree that has no word queue at all (by default the commit
-before runtime/say.py was added).
+before runtime/say.py, now runtime/words/say.py, was added).
 
     python benchmarks/bench_say.py [--model demo|tiny|mid] [--frames 400] [--rounds 5]
                                    [--baseline REF] [--work DIR] [--json out.json]
@@ -13,7 +13,7 @@ before runtime/say.py was added).
    per word. On random weights the model rarely asks for a word by itself, so the machine forces
    one after max_padding (6) PADs: a real model's pace is its own and faster.
 3. The idle queue: frame times of a conversation that never says anything, this tree against
-   `--baseline` (a git ref without runtime/say.py, exported with `git archive` into the work
+   `--baseline` (a git ref without the word queue, exported with `git archive` into the work
    directory and imported instead of this tree; a ref that has it is refused: the comparison
    would be of the queue with itself), in alternating child processes, so the machine's other
    load falls on both alike; plus the idle path's own host time per frame, timed alone.
@@ -108,8 +108,8 @@ def _git(*args: str) -> str:
 
 
 def default_baseline() -> str:
-    """The last commit without the word queue: the parent of the one that added
-    runtime/say.py."""
+    """The last commit without the word queue: the parent of the one that added runtime/say.py
+    (since moved into runtime/words/)."""
     added = _git("log", "--diff-filter=A", "--format=%H", "--", "runtime/say.py").split()
     return added[-1] + "^"
 
@@ -119,8 +119,8 @@ def baseline_tree(ref: str, work: Path) -> Path:
     runtime/ and export/ inside personaplex_edge/), under `work`; SystemExit for a ref that
     has a word queue already."""
     sha = _git("rev-parse", ref)
-    if _git("ls-tree", "--name-only", sha, "runtime/say.py"):
-        raise SystemExit(f"--baseline {ref} ({sha[:10]}) has runtime/say.py: the idle figures "
+    if _git("ls-tree", "--name-only", sha, "runtime/say.py", "runtime/words/say.py"):
+        raise SystemExit(f"--baseline {ref} ({sha[:10]}) has a word queue: the idle figures "
                          "would compare the word queue with itself; give a ref from before it "
                          f"(the default is {default_baseline()})")
     out = work / f"tree-{sha[:12]}"
@@ -178,7 +178,7 @@ def main() -> None:
     p.add_argument("--frames", type=int, default=400)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--baseline", help="git ref of a tree without say to compare with "
-                                      "(default: the commit before runtime/say.py was added)")
+                                      "(default: the commit before runtime/words/say.py was added)")
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "bench_say")
     p.add_argument("--json", type=Path)
     p.add_argument("--child")

@@ -291,11 +291,11 @@ def cmd_run(args) -> int:
     machine goes, or with --realtime through the live loop at the pace of a microphone."""
     from .audio import read_audio, write_audio
     from .runtime.metrics import format_summary
-    from .runtime.text import Transcript, write_records
+    from .runtime.words.text import Transcript, write_records
     from .transcriber import no_transcriber
 
     pcm = read_audio(args.input)  # before the model loads: a bad file fails fast
-    from .runtime.say import check_say_text, said_line
+    from .runtime.words.say import check_say_text, said_line
 
     says = [(at or 0.0, check_say_text(text, "--say")) for text, at in args.says or []]
     model, conv = _conversation(args)
@@ -305,7 +305,7 @@ def cmd_run(args) -> int:
         import numpy as np
 
         from .runtime.audio_io.paced_file import run_paced
-        from .runtime.say import SayPlan
+        from .runtime.words.say import SayPlan
 
         transcript = Transcript(model.text, records=bool(args.text_out))
         heard = Transcript(model.loaded.heard_text, records=True) if conv.transcribing else None

@@ -37,13 +37,13 @@ from .persona import DEFAULT_TEXT_PROMPT, Persona
 from .persona_cache import PersonaCache
 from .response import Response, ResponseBuilder
 from .sampling import SamplingParams
-from .heard import Heard
-from .say import SayEvent, SayPlan, Utterance
+from .words.heard import Heard
+from .words.say import SayEvent, SayPlan, Utterance
 
 if TYPE_CHECKING:
     from .audio_io.duplex import DuplexLoop
     from .metrics import FrameMetrics
-    from .text import TextTokenizer
+    from .words.text import TextTokenizer
 
 __all__ = ["Conversation", "Heard", "Model", "Response", "SayEvent", "Utterance", "load"]
 

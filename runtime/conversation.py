@@ -3,10 +3,10 @@
 agent's frame n is heard right after step n + 1; the first step answers silence).
 
 A conversation owns a row of a lockstep batch - Mimi state, KV rings, token ring, sampling noise
-and parameters, the queue of words it is to say (runtime/say.py), the transcriber's state where
-the model has one - plus its metrics, persona, word events and what it heard the user say
-(runtime/heard.py); the model's graphs, tokenizer and voice bank it only reads. `close()` gives its row
-back. This is the token-level conversation the front ends step (`step_many` batches many in one
+and parameters, the queue of words it is to say (runtime/words/say.py), the transcriber's state
+where the model has one - plus its metrics, persona, word events and what it heard the user say
+(runtime/words/heard.py); the model's graphs, tokenizer and voice bank it only reads. `close()`
+gives its row back. This is the token-level conversation the front ends step (`step_many` batches many in one
 tick); an app holds runtime/api.py's, which speaks text.
 """
 
@@ -26,8 +26,8 @@ from .metrics import FrameMetrics
 from .persona import Persona, build_persona, persona_key
 from .persona_cache import PersonaCache, Snapshot
 from .sampling import SamplingParams
-from .heard import Heard
-from .say import SayEvent, Utterance, check_say_text, script_words
+from .words.heard import Heard
+from .words.say import SayEvent, Utterance, check_say_text, script_words
 
 MAX_KEPT_EVENTS = 4096  # word events kept for say_events() when nobody collects them
 
@@ -142,7 +142,7 @@ class Conversation:
     # -- say ------------------------------------------------------------------------------------
     def say(self, text: str) -> Utterance:
         """Queues `text`'s words, after any still queued: from the next step on, the model's
-        text stream takes them one by one, when the model asks for a word (runtime/say.py).
+        text stream takes them one by one, when the model asks for a word (runtime/words/say.py).
         Thread-safe; the user speaking does not cancel them. SayError (nothing queued) for a
         text check_say_text refuses or a queue that would pass MAX_QUEUED_WORDS."""
         self.check_open()
@@ -212,7 +212,7 @@ class Conversation:
     def flush_heard(self, padding: int = 0) -> list[int]:
         """The user's input is over (a recording's end, stdin's): the transcriber steps on the
         silence moshi's STT inference pads after an input, so the words still inside its delay
-        are written, and the turn ends (runtime/transcriber.py). PersonaPlex is not stepped.
+        are written, and the turn ends (runtime/words/transcriber.py). PersonaPlex is not stepped.
         `padding`: samples of silence the input's last frame was padded with. -> the
         transcriber's token of each silent frame ([] without one)."""
         self.check_open()
@@ -227,7 +227,7 @@ class Conversation:
 
     def heard_events(self) -> list[Heard]:
         """What the user said since the last call (when no on_heard takes it): pieces, timed
-        words, turn ends (runtime/heard.py)."""
+        words, turn ends (runtime/words/heard.py)."""
         events = []
         while self._heard:
             events.append(self._heard.popleft())

@@ -6,7 +6,7 @@ run on one stream, and the pair is captured once as a CUDA graph and replayed wi
 per tick (`DeviceLinkedLM`) - the path scripts/gpu_check measures is the path a conversation
 takes. Set PERSONAPLEX_CUDA_GRAPHS=0 to run the linked pair eagerly instead.
 
-`steer`, when a row of the batch is saying words (runtime/say.py), changes the sampled text
+`steer`, when a row of the batch is saying words (runtime/words/say.py), changes the sampled text
 tokens [B] in place before the depformer runs on them; what it leaves there is what `run`
 returns for the token ring. Through the host that is free. On the device the token must come to
 the host and go back, so a frame with words queued runs the pair eagerly, with the text token

@@ -15,11 +15,11 @@ Per tick (rows stepped: A):
     temporal    Helium on each row's complete column, at each row's own position -> text
                 token, hidden, the new K/V rows (written at each row's slot)
     say         rows with words queued: the sampled text token through the row's SayMachine
-                (runtime/say.py); skipped while no row of the batch has any
+                (runtime/words/say.py); skipped while no row of the batch has any
     depformer   hidden + text token -> the agent's 8 codes (on the device, for TensorRT)
     decode      Mimi decoder on the rows whose agent frame is complete -> 1920 samples
     transcribe  with a transcriber: its step on the same encode's codes (all n_q of them;
-                PersonaPlex reads the first 8) -> what the user said (runtime/transcriber.py)
+                PersonaPlex reads the first 8) -> what the user said (runtime/words/transcriber.py)
 
 A `LockstepPool` holds a model's batches: a conversation takes a free row of one (a batch-1
 model opens one batch per conversation; a batch-B model fills B rows of a batch before it
@@ -48,7 +48,7 @@ from .lm_frame import lm_frame
 from .metrics import FrameMetrics
 from .prompts import Prefill
 from .sampling import RowNoise, SamplingParams
-from .say import SayEvent, SayMachine, Word
+from .words.say import SayEvent, SayMachine, Word
 
 if TYPE_CHECKING:
     from .model import LoadedModel
@@ -88,7 +88,7 @@ class Lockstep:
         self._silence = np.zeros(model.frame_size, np.float32)
         self.transcriber = None  # the user's words, where the model has a transcriber
         if model.transcriber is not None:
-            from .transcriber import TranscriberRows
+            from .words.transcriber import TranscriberRows
 
             self.transcriber = TranscriberRows(model)
 

@@ -25,7 +25,7 @@ from personaplex_edge.streams import initial_tokens
 
 from .backends import describe_device, load_graphs
 from .codec import Codec
-from .text import TextTokenizer
+from .words.text import TextTokenizer
 
 GRAPHS = (MIMI_ENCODER, MIMI_DECODER, HELIUM_STEP, DEPFORMER_STEP)
 
@@ -40,7 +40,7 @@ class LoadedModel:
         if len(tokens.shape) not in (2, 3):
             raise PersonaPlexError(f"{model_dir}: helium_step takes tokens {list(tokens.shape)}, "
                                    "which this runtime does not run; export the model again")
-        # Kyutai's STT beside the LM, where the export added one (runtime/transcriber.py)
+        # Kyutai's STT beside the LM, where the export added one (runtime/words/transcriber.py)
         self.transcriber = manifest.transcriber
         graphs = GRAPHS + ((TRANSCRIBER_STEP,) if self.transcriber is not None else ())
         self.graphs = load_graphs(model_dir, manifest, graphs, device, threads, progress)

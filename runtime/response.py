@@ -14,9 +14,9 @@ import numpy as np
 
 from personaplex_edge.streams import AGENT_FIRST, TEXT_STREAM, USER_FIRST
 
-from .heard import Heard
+from .words.heard import Heard
 from .pcm_frames import frame_at, frame_count
-from .text import TextTokenizer, Transcript
+from .words.text import TextTokenizer, Transcript
 
 
 @dataclass

@@ -45,11 +45,11 @@ from personaplex_edge.audio import pcm16_bytes
 from personaplex_edge.errors import PersonaPlexError
 
 from .frame_backlog import FrameBacklog
-from .message_kind import Kind
+from .words.message_kind import Kind
 from .pcm_frames import PcmFrames
-from .heard_message import event_payload as heard_payload
-from .heard_message import no_transcriber, parse_request
-from .say_message import event_payload, parse_command, queued_payload
+from .words.heard_message import event_payload as heard_payload
+from .words.heard_message import no_transcriber, parse_request
+from .words.say_message import event_payload, parse_command, queued_payload
 
 MAX_MESSAGE_BYTES = 1 << 20  # kind byte + payload; 1 MiB of PCM16 is ~22 s of audio
 _HEADER = struct.Struct("<I")

@@ -17,7 +17,7 @@ TOP = "personaplex_edge"  # the package itself: names its public API lazily, imp
 # The runtime's core, bottom first: a module imports only from its own layer or below.
 LAYERS = [
     ["model"],
-    ["persona_cache", "persona", "lockstep", "say"],
+    ["persona_cache", "persona", "lockstep"],
     ["conversation"],
     ["api"],
     ["bench", "stdio", "batch", "serve", "assistant"],

@@ -1,17 +1,17 @@
-"""The user's words from the transcriber's tokens (runtime/heard.py), on scripted token streams
-whose words, times and turn ends are worked out by hand from the rules: a word is its pieces
-from the one after an EPAD to the next EPAD (PADs between them included, as Kyutai's
-timestamping reads them), or to a piece starting a new word, or to its turn's end; its start
-and end are the frames of its first piece and of the one after its last, less the model's
-delay (0.5 s); with VAD heads a turn ends 8 frames (0.5 s rounded up, plus one) after the 2 s
-head passes 0.6 or after close_turn, without them a second (12 frames) after the last piece,
-and never inside a word; a turn's piece events joined are its text."""
+"""The user's words from the transcriber's tokens (runtime/words/heard.py), on scripted token
+streams whose words, times and turn ends are worked out by hand from the rules: a word is its
+pieces from the one after an EPAD to the next EPAD (PADs between them included, as Kyutai's
+timestamping reads them), or to a piece starting a new word, or to its turn's end; its start and
+end are the frames of its first piece and of the one after its last, less the model's delay (0.5
+s); with VAD heads a turn ends 8 frames (0.5 s rounded up, plus one) after the 2 s head passes
+0.6 or after close_turn, without them a second (12 frames) after the last piece, and never
+inside a word; a turn's piece events joined are its text."""
 
 from __future__ import annotations
 
 import pytest
 
-from personaplex_edge.runtime.heard import HeardStream
+from personaplex_edge.runtime.words.heard import HeardStream
 from personaplex_edge.streams import TEXT_EPAD as EPAD
 from personaplex_edge.streams import TEXT_PAD as PAD
 

@@ -63,7 +63,7 @@ def test_persona_order_and_text_wrapping():
 def test_persona_prompt_frames_follow_the_reference_order(demo_model_dir):
     from personaplex_edge.manifest import load_model_dir
     from personaplex_edge.runtime.prompts import prompt_frames
-    from personaplex_edge.runtime.text import TextTokenizer
+    from personaplex_edge.runtime.words.text import TextTokenizer
 
     voice = np.array([[7] * 8, [8] * 8])
     text = TextTokenizer(demo_model_dir, load_model_dir(demo_model_dir))

@@ -17,7 +17,7 @@ import pytest
 import soundfile as sf
 
 from personaplex_edge.cli import main
-from personaplex_edge.runtime.say import SayMachine, Word, arrival_step, script_words
+from personaplex_edge.runtime.words.say import SayMachine, Word, arrival_step, script_words
 from personaplex_edge.streams import TEXT_EPAD, TEXT_PAD
 
 FRAME = 1920
@@ -238,7 +238,7 @@ def test_run_say_equals_moshis_pipeline_with_its_tts_machine(short_context, refe
     per frame, the same agent audio (>= 30 dB SNR at the same alignment), every word said in
     order, each starting at the step moshi's transcript gives it."""
     from personaplex_edge.runtime.api import Model
-    from personaplex_edge.runtime.text import TextTokenizer
+    from personaplex_edge.runtime.words.text import TextTokenizer
 
     _, model_dir, _ = short_context
     pcm, ref_frames, ref_audio, state, entries, say_step = reference
@@ -487,13 +487,13 @@ def test_run_says_each_text_at_its_own_time(demo_model_dir, tmp_path, capsys):
 
 def test_bench_say_measures_against_a_tree_without_say(tmp_path):
     """benchmarks/bench_say.py's idle figures compare this tree with one that has no word
-    queue: its default baseline has no runtime/say.py, and a ref that has one is refused."""
+    queue: its default baseline has no runtime/words/say.py, and a ref that has one is refused."""
     import subprocess
 
     import bench_say
 
     ref = bench_say.default_baseline()
-    listed = subprocess.run(["git", "ls-tree", "--name-only", ref, "runtime/say.py"],
+    listed = subprocess.run(["git", "ls-tree", "--name-only", ref, "runtime/words/say.py"],
                             cwd=bench_say.ROOT, capture_output=True, text=True, check=True)
     assert listed.stdout == "" and subprocess.run(
         ["git", "cat-file", "-e", f"{ref}:runtime/lockstep.py"], cwd=bench_say.ROOT).returncode == 0

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from personaplex_edge.cli import main
-from personaplex_edge.runtime.say import (MAX_QUEUED_WORDS, MAX_SAY_CHARS, SayError, SayMachine,
-                                          Word, check_say_text, script_words)
+from personaplex_edge.runtime.words.say import (MAX_QUEUED_WORDS, MAX_SAY_CHARS, SayError,
+                                                SayMachine, Word, check_say_text, script_words)
 
 FULL = "a " * (MAX_SAY_CHARS // 2)  # the longest text taken: MAX_SAY_CHARS // 2 words
 TOO_LONG = "b" * (MAX_SAY_CHARS + 1)

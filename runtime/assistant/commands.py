@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from ..say import check_say_text
+from ..words.say import check_say_text
 from .idle import IdleGate
 
 

@@ -16,7 +16,7 @@ the model falls asleep (the persona restored from the persona cache, its last co
 the wake itself costs only the pre-roll's steps; a persona changed by a reload (SIGHUP)
 applies there too.
 
-Words an app has the model say (`say`, runtime/say.py) wake it, and keep it awake until the
+Words an app has the model say (`say`, runtime/words/say.py) wake it, and keep it awake until the
 last of them is spoken: the model must step to speak them. A sleep's new conversation starts
 with an empty queue.
 """
@@ -36,10 +36,10 @@ from .vad import voice_detector
 
 if TYPE_CHECKING:
     from ..conversation import Conversation
-    from ..heard import Heard
+    from ..words.heard import Heard
     from ..sampling import SamplingParams
-    from ..say import SayEvent, Utterance
-    from ..text import TextTokenizer
+    from ..words.say import SayEvent, Utterance
+    from ..words.text import TextTokenizer
 
 Emit = Callable[[dict], None]  # an event for the control socket and the log (thread-safe)
 
@@ -159,7 +159,7 @@ class IdleGate:
         self.emit({"event": "say", **data})
 
     def _heard(self, event: "Heard") -> None:
-        # pieces and words as "heard", the user's turn over as "turn_end" (runtime/heard.py);
+        # pieces and words as "heard", the user's turn over as "turn_end" (runtime/words/heard.py);
         # what the transcriber made of it goes in "heard"
         data = event.to_dict()
         data["heard"] = data.pop("event")

@@ -35,7 +35,7 @@ from ..conversation import Conversation, step_many
 from ..persona import Persona
 from ..response import ResponseBuilder
 from ..sampling import SamplingParams
-from ..text import write_records
+from ..words.text import write_records
 from .agent_codes import AgentCodes
 from .items import Item
 from .progress import BatchProgress

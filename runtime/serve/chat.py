@@ -21,11 +21,11 @@ from aiohttp import web
 from . import protocol
 from .lifecycle import Wire, serve_websocket
 from .opus import OpusDecoder, OpusEncoder, OpusError
-from ..heard import Heard
-from ..heard_message import HeardMessageError, no_transcriber, parse_request
-from ..heard_message import event_payload as heard_payload
-from ..say import SayError, SayEvent
-from ..say_message import SayCommand, event_payload, parse_command, queued_payload
+from ..words.heard import Heard
+from ..words.heard_message import HeardMessageError, no_transcriber, parse_request
+from ..words.heard_message import event_payload as heard_payload
+from ..words.say import SayError, SayEvent
+from ..words.say_message import SayCommand, event_payload, parse_command, queued_payload
 from .params import ChatParams, parse_params
 from .session import ClientError, Session
 

@@ -4,17 +4,17 @@ Every WebSocket message is binary; its first byte says what the rest is. The ser
 handshake once the persona prefill is done, then an audio message per answer frame (Ogg/Opus
 pages) and a text message per non-padding text piece; clients send audio. Metadata (JSON) goes
 only to a client that asked for it (`stats=1`); an error message explains why the server is
-about to close the session. SAY (this project's, JSON both ways; runtime/say_message.py): words
-a client has the model say, and their events, sent only to a client that sends SAY. HEARD
-(this project's, JSON; runtime/heard_message.py): what the user said, sent only to a client that
-asks with HEARD {"hear": true}.
+about to close the session. SAY (this project's, JSON both ways; runtime/words/say_message.py):
+words a client has the model say, and their events, sent only to a client that sends SAY. HEARD
+(this project's, JSON; runtime/words/heard_message.py): what the user said, sent only to a
+client that asks with HEARD {"hear": true}.
 """
 
 from __future__ import annotations
 
 import json
 
-from ..message_kind import Kind
+from ..words.message_kind import Kind
 
 MAX_MESSAGE_BYTES = 1 << 20  # a larger message ends its session (1 s of Opus is ~4 KiB)
 

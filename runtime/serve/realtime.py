@@ -21,17 +21,17 @@ response at the next frame when none is open, response.cancel ends the open one 
 event; the session goes on.
 
 What the user says, where the model has a transcriber and the session turns transcription on
-(GA `audio.input.transcription`, beta `input_audio_transcription`; runtime/heard.py): each of
+(GA `audio.input.transcription`, beta `input_audio_transcription`; runtime/words/heard.py): each of
 the user's turns is a user item (conversation.item.added), its transcript comes as
 conversation.item.input_audio_transcription.delta events while it is heard and .completed (with
 `usage`) when the turn is over. Asked of a model without one: an `error` naming the field.
 
-What an app has the model say (runtime/say.py) is an assistant message: conversation.item.create
-with an assistant item's text (echoed as an added item), then response.create. That response
-closes the open one and carries the words: it is done (`completed`) two frames after the last
-word's last token, when the frame that holds it has gone out, and the model's own speech goes on
-in a new response; response.cancel drops the words not started (the one being spoken ends at its
-end) and ends it `cancelled`.
+What an app has the model say (runtime/words/say.py) is an assistant message:
+conversation.item.create with an assistant item's text (echoed as an added item), then
+response.create. That response closes the open one and carries the words: it is done
+(`completed`) two frames after the last word's last token, when the frame that holds it has gone
+out, and the model's own speech goes on in a new response; response.cancel drops the words not
+started (the one being spoken ends at its end) and ends it `cancelled`.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ from personaplex_edge.transcriber import no_transcriber
 from ..pcm_frames import PCM16, PcmFrames
 from .lifecycle import Wire, serve_websocket
 from .params import MAX_TEXT_PROMPT_CHARS, ChatParams, ParamError
-from ..heard import Heard
-from ..say import SayError, SayEvent, Utterance, check_say_text
+from ..words.heard import Heard
+from ..words.say import SayError, SayEvent, Utterance, check_say_text
 from .realtime_events import (MAX_EVENT_BYTES, EventError, Response, ServerEvents,
                               SessionUpdate, SessionView, assistant_item, audio_bytes,
                               beta_requested, new_id, parse, parse_session_update)

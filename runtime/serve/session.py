@@ -30,8 +30,8 @@ from ..frame_backlog import FrameBacklog
 
 if TYPE_CHECKING:
     from personaplex_edge.runtime.conversation import Conversation
-    from personaplex_edge.runtime.heard import Heard
-    from personaplex_edge.runtime.say import SayEvent
+    from personaplex_edge.runtime.words.heard import Heard
+    from personaplex_edge.runtime.words.say import SayEvent
 
     from .params import ChatParams
 
@@ -157,7 +157,7 @@ class Session:
         """One answer frame and its text piece ('' for none) -> messages (`send`)."""
         raise NotImplementedError
 
-    # -- words the client has the model say (runtime/say.py) ---------------------------------
+    # -- words the client has the model say (runtime/words/say.py) ---------------------------------
     def with_conversation(self, job: Job, then: Callable[[Any], None] | None = None) -> None:
         """job(conversation) on the tick thread between two ticks (held until the prefill is
         done), so the event loop never waits for a tick; then(its result) on the event loop,
@@ -206,7 +206,7 @@ class Session:
         """A word event of a say() (on the event loop): the protocol tells its client."""
 
     def _heard(self, event: "Heard") -> None:
-        """What the user said (runtime/heard.py; on the event loop): the protocol tells its
+        """What the user said (runtime/words/heard.py; on the event loop): the protocol tells its
         client, if it asked."""
 
     def summary(self) -> dict:

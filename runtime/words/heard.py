@@ -38,7 +38,7 @@ SILENCE_TURN_SECONDS = 1.0  # without VAD heads: a turn ends this long after its
 
 
 class Pieces(Protocol):
-    """What a stream needs of the transcriber's tokenizer (runtime/text.py TextTokenizer)."""
+    """What a stream needs of the transcriber's tokenizer (runtime/words/text.py TextTokenizer)."""
 
     epad: int  # "a word starts next frame"
 

@@ -39,8 +39,8 @@ from personaplex_edge.transcriber import TURN_HEAD, TranscriberConfig
 from .heard import Heard, HeardStream
 
 if TYPE_CHECKING:
-    from .backends import Graph
-    from .model import LoadedModel
+    from ..backends import Graph
+    from ..model import LoadedModel
 
 # seconds of silence moshi's run_inference pads after an STT model's input, beyond its delay
 FLUSH_SECONDS = 1.0

@@ -1,5 +1,5 @@
 """The HEARD message (kind 0x09) of the moshi-protocol wires, `stdio` and `/api/chat`: what the
-user said, as the model's transcriber heard it (runtime/heard.py). The payload is one JSON
+user said, as the model's transcriber heard it (runtime/words/heard.py). The payload is one JSON
 object.
 
     client -> server   {"hear": true}     send what is heard from now on ({"hear": false} stops)
