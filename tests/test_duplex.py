@@ -304,7 +304,7 @@ def test_paced_file_with_a_slow_step_drops_frames_like_a_live_device():
 def test_live_status_warns_once_when_the_machine_is_slower_than_real_time(capsys):
     """Frames slower than their 80 ms of audio: the status line says so once, with the fix;
     a machine that keeps up gets no warning."""
-    from personaplex_edge.cli import _LiveStatus
+    from personaplex_edge.commands.live import LiveStatus
 
     def slow(frame):
         time.sleep(0.1)
@@ -312,7 +312,7 @@ def test_live_status_warns_once_when_the_machine_is_slower_than_real_time(capsys
 
     pcm = np.zeros(int(24000 * 1.6), np.float32)
     for step, expect in ((slow, 1), (lambda frame: frame, 0)):
-        status = _LiveStatus(warn_after_frames=5)
+        status = LiveStatus(warn_after_frames=5)
         run_paced(step, pcm, on_tick=status, tick_seconds=0.1)
         err = capsys.readouterr().err
         assert err.count("slower than real time") == expect, err
