@@ -31,7 +31,8 @@ from call_tap import ModelInput, prefix_matches, run_pieces, waveform_match  # n
 from personaplex_edge.runtime.sampling import SamplingParams  # noqa: E402
 from personaplex_edge.runtime.serve import ServeOptions, libopus  # noqa: E402
 from personaplex_edge.runtime.serve.webrtc import routes as webrtc_route  # noqa: E402
-from personaplex_edge.runtime.serve.webrtc.jitter import JitterBuffer  # noqa: E402
+from personaplex_edge.runtime.serve.webrtc.jitter import SNAP_MS, JitterBuffer  # noqa: E402
+from personaplex_edge.runtime.serve.webrtc.media import PACKET_S  # noqa: E402
 
 TOKEN = "s3cret"
 APP = "http://app.example:3000"
@@ -52,9 +53,45 @@ def metric(srv, name: str, **labels) -> float:
     return value or 0.0
 
 
-def settle(srv, timeout: float = 8.0) -> None:
+def settle(srv, timeout: float = 60.0) -> None:
     assert wait_until(lambda: srv.state.slots_used == 0 and not srv.state.calls, timeout), \
         (srv.state.slots_used, list(srv.state.calls))
+
+
+class LoopLag:
+    """`with LoopLag(srv) as lag:` the server's event loop's own hold-ups meanwhile: a timer
+    due every 10 ms on that loop, `lag.max_ms` the latest it ran. The playout clock's steps are
+    timers on the same loop, so they are late by as much (a busy machine, another thread
+    holding the interpreter): a bound on the clock's gaps is this plus the clock's own step."""
+
+    EVERY_S = 0.01
+
+    def __init__(self, srv):
+        self.loop = srv.loop
+        self.max_ms = 0.0
+        self._on = False
+
+    def _tick(self, due: float) -> None:
+        self.max_ms = max(self.max_ms, 1000.0 * (self.loop.time() - due))
+        if self._on:
+            due = self.loop.time() + self.EVERY_S
+            self.loop.call_at(due, self._tick, due)
+
+    def __enter__(self) -> "LoopLag":
+        self._on = True
+        self.loop.call_soon_threadsafe(lambda: self._tick(self.loop.time()))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.loop.call_soon_threadsafe(setattr, self, "_on", False)
+
+
+def clock_gap_bound(lag: LoopLag) -> float:
+    """The longest gap (ms) the call's playout clock may leave between two model frames: a
+    frame's 80 ms, what its loop was held (`lag`), and two of its 20 ms steps for the probe's
+    10 ms between looks and the steps' own work. Its wall-clock figure follows the machine;
+    this bound follows it too, so only a clock that waits (for the network) crosses it."""
+    return 1000.0 * (FRAME / 24000 + 2 * PACKET_S) + lag.max_ms
 
 
 async def post(url: str, body: bytes | str, headers: dict, path: str = "/v1/realtime/calls",
@@ -82,9 +119,10 @@ def test_a_call_is_answered_as_run_greedy_answers(srv, demo_model_dir, tmp_path)
     udp_before = udp_sockets()
     tap = ModelInput(srv)
     try:
-        res = asyncio.run(call(srv.url, speech(4.0), token=TOKEN, tail_s=1.0, session={
-            "type": "realtime", "instructions": prompt,
-            "audio": {"output": {"voice": "NATM1"}}}))
+        with LoopLag(srv) as lag:
+            res = asyncio.run(call(srv.url, speech(4.0), token=TOKEN, tail_s=1.0, session={
+                "type": "realtime", "instructions": prompt,
+                "audio": {"output": {"voice": "NATM1"}}}))
         settle(srv)
         heard = tap.only()
     finally:
@@ -124,7 +162,8 @@ def test_a_call_is_answered_as_run_greedy_answers(srv, demo_model_dir, tmp_path)
     assert summary["lost"] == 0 and summary["late"] == 0 and summary["played"] > 200
     # a round trip measured during the call, in ms: more than nothing, less than the call
     assert summary["rtt_ms"] is not None and 0 < summary["rtt_ms"] < 1000 * 5.0
-    assert 0 < summary["clock_gap_max_ms"] < 300  # the model's clock: a frame per 80 ms
+    # the model's clock: a frame per 80 ms, late by no more than its event loop was held
+    assert 0 < summary["clock_gap_max_ms"] <= clock_gap_bound(lag), (summary, lag.max_ms)
     assert udp_sockets() == udp_before
 
 
@@ -135,8 +174,9 @@ def test_a_lossy_jittery_network_is_concealed_and_counted(srv, loss):
     never waits (no gap near the stall's length), the server's lost + late count is the
     client's drop count (give or take the reordered), each concealed, in /metrics too."""
     lost_before = metric(srv, "personaplex_webrtc_rtp_packets_total", outcome="lost")
-    res = asyncio.run(call(srv.url, speech(3.0), token=TOKEN, tail_s=0.5, loss=loss,
-                           jitter_ms=40.0, seed=int(loss * 100), blackout=(1.5, 0.5)))
+    with LoopLag(srv) as lag:
+        res = asyncio.run(call(srv.url, speech(3.0), token=TOKEN, tail_s=0.5, loss=loss,
+                               jitter_ms=40.0, seed=int(loss * 100), blackout=(1.5, 0.5)))
     settle(srv)
     assert res.status == 201, res.error
     summary = srv.history()[-1]
@@ -144,16 +184,20 @@ def test_a_lossy_jittery_network_is_concealed_and_counted(srv, loss):
     assert not [e for e in res.events if e["type"] == "error"]
     # the answer kept coming: 3.5 s of call, less the prefill
     assert res.audio.shape[0] >= 2.5 * 24000
-    # the clock: a frame every 80 ms whatever the network did; a clock that waited for the
-    # network would have stopped for the 500 ms stall (the bound leaves room for a busy CPU)
-    assert summary["clock_gap_max_ms"] < 300, summary
+    # the clock: a frame every 80 ms whatever the network did, late by no more than its event
+    # loop was held meanwhile (measured beside it: a busy machine's hold-ups are not the
+    # network's); a clock that waited for the network would have stopped for the 500 ms stall
+    assert summary["clock_gap_max_ms"] <= clock_gap_bound(lag), (summary, lag.max_ms)
     assert summary["clock_frames"] >= 3.0 / 0.08
     missing = summary["lost"] + summary["late"] + summary["discarded"]
     assert abs(missing - res.packets_dropped) <= 0.5 * res.packets_dropped + 3, summary
     assert summary["lost"] > 0 and summary["concealed"] > 0
     assert summary["concealed_ms"] >= 20 * summary["concealed"]
-    # the stall's half second did not stay as latency: the buffer snapped back
-    assert summary["depth_mean_ms"] < 120, summary
+    # the stall's half second did not stay as latency: the buffer snapped back. Its depth in
+    # its own units (audio held, not seconds of this machine's time), within what its snap
+    # allows over its own target - a target that follows the jitter a busy machine adds; a
+    # stall kept as latency holds 500 ms more
+    assert summary["depth_mean_ms"] <= summary["target_ms"] + SNAP_MS, summary
     assert 20 <= summary["target_ms"] <= 200
     assert metric(srv, "personaplex_webrtc_rtp_packets_total", outcome="lost") - lost_before \
         == summary["lost"]
@@ -178,7 +222,7 @@ def test_fifty_calls_leave_nothing_behind(srv):
     statuses = []
     for round_ in range(10):
         statuses += [r.status for r in asyncio.run(five(round_))]
-    settle(srv, 10)
+    settle(srv)
     assert statuses == [201] * 50
     assert srv.state.slots_used == 0 and not srv.state.sessions and not srv.state.calls
     assert udp_sockets() == udp_before
