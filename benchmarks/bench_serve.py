@@ -346,6 +346,40 @@ def wait_until(condition, timeout: float = 60.0) -> bool:
 
 
 # -- the server in a thread -----------------------------------------------------------------------
+class LoopLag:
+    """`with LoopLag(srv.loop) as lag:` how late that event loop ran its timers meanwhile: a
+    timer due every 10 ms on it, `lag.max_ms` the latest one ran (a busy machine, another
+    thread holding the interpreter). A clock that steps on the same loop is late by as much,
+    so a bound on its gaps is its period plus this, whatever the machine (`bound_ms`)."""
+
+    EVERY_S = 0.01
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.max_ms = 0.0
+        self._on = False
+
+    def _tick(self, due: float) -> None:
+        self.max_ms = max(self.max_ms, 1000.0 * (self.loop.time() - due))
+        if self._on:
+            due = self.loop.time() + self.EVERY_S
+            self.loop.call_at(due, self._tick, due)
+
+    def __enter__(self) -> "LoopLag":
+        self._on = True
+        self.loop.call_soon_threadsafe(lambda: self._tick(self.loop.time()))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.loop.call_soon_threadsafe(setattr, self, "_on", False)
+
+    def bound_ms(self, period_s: float, step_s: float) -> float:
+        """The longest gap (ms) between two events of a clock on this loop that makes one every
+        `period_s` in timer steps of `step_s`: the period, two steps (this probe's 10 ms
+        between looks, the steps' own work) and the longest hold-up seen."""
+        return 1000.0 * (period_s + 2 * step_s) + self.max_ms
+
+
 class ServerThread:
     """`with ServerThread(options) as srv:` a Server on its own event loop in a thread;
     srv.url, srv.server (its state: history, stats)."""
