@@ -24,7 +24,7 @@ pytest.importorskip("aiohttp")
 aiortc = pytest.importorskip("aiortc", reason="the webrtc extra (scripts/install.sh installs it)")
 
 import aiohttp  # noqa: E402
-from bench_serve import ServerThread, speech, wait_until  # noqa: E402
+from bench_serve import FRAME_S, LoopLag, ServerThread, speech, wait_until  # noqa: E402
 from bench_webrtc import call, udp_sockets  # noqa: E402
 from call_tap import ModelInput, prefix_matches, run_pieces, waveform_match  # noqa: E402
 
@@ -58,42 +58,6 @@ def settle(srv, timeout: float = 60.0) -> None:
         (srv.state.slots_used, list(srv.state.calls))
 
 
-class LoopLag:
-    """`with LoopLag(srv) as lag:` the server's event loop's own hold-ups meanwhile: a timer
-    due every 10 ms on that loop, `lag.max_ms` the latest it ran. The playout clock's steps are
-    timers on the same loop, so they are late by as much (a busy machine, another thread
-    holding the interpreter): a bound on the clock's gaps is this plus the clock's own step."""
-
-    EVERY_S = 0.01
-
-    def __init__(self, srv):
-        self.loop = srv.loop
-        self.max_ms = 0.0
-        self._on = False
-
-    def _tick(self, due: float) -> None:
-        self.max_ms = max(self.max_ms, 1000.0 * (self.loop.time() - due))
-        if self._on:
-            due = self.loop.time() + self.EVERY_S
-            self.loop.call_at(due, self._tick, due)
-
-    def __enter__(self) -> "LoopLag":
-        self._on = True
-        self.loop.call_soon_threadsafe(lambda: self._tick(self.loop.time()))
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.loop.call_soon_threadsafe(setattr, self, "_on", False)
-
-
-def clock_gap_bound(lag: LoopLag) -> float:
-    """The longest gap (ms) the call's playout clock may leave between two model frames: a
-    frame's 80 ms, what its loop was held (`lag`), and two of its 20 ms steps for the probe's
-    10 ms between looks and the steps' own work. Its wall-clock figure follows the machine;
-    this bound follows it too, so only a clock that waits (for the network) crosses it."""
-    return 1000.0 * (FRAME / 24000 + 2 * PACKET_S) + lag.max_ms
-
-
 async def post(url: str, body: bytes | str, headers: dict, path: str = "/v1/realtime/calls",
                method: str = "POST"):
     async with aiohttp.ClientSession() as http:
@@ -119,7 +83,7 @@ def test_a_call_is_answered_as_run_greedy_answers(srv, demo_model_dir, tmp_path)
     udp_before = udp_sockets()
     tap = ModelInput(srv)
     try:
-        with LoopLag(srv) as lag:
+        with LoopLag(srv.loop) as lag:
             res = asyncio.run(call(srv.url, speech(4.0), token=TOKEN, tail_s=1.0, session={
                 "type": "realtime", "instructions": prompt,
                 "audio": {"output": {"voice": "NATM1"}}}))
@@ -163,7 +127,9 @@ def test_a_call_is_answered_as_run_greedy_answers(srv, demo_model_dir, tmp_path)
     # a round trip measured during the call, in ms: more than nothing, less than the call
     assert summary["rtt_ms"] is not None and 0 < summary["rtt_ms"] < 1000 * 5.0
     # the model's clock: a frame per 80 ms, late by no more than its event loop was held
-    assert 0 < summary["clock_gap_max_ms"] <= clock_gap_bound(lag), (summary, lag.max_ms)
+    # (bench_serve.LoopLag: its hold-ups, measured beside the call, are the machine's)
+    assert 0 < summary["clock_gap_max_ms"] <= lag.bound_ms(FRAME_S, PACKET_S), \
+        (summary, lag.max_ms)
     assert udp_sockets() == udp_before
 
 
@@ -174,7 +140,7 @@ def test_a_lossy_jittery_network_is_concealed_and_counted(srv, loss):
     never waits (no gap near the stall's length), the server's lost + late count is the
     client's drop count (give or take the reordered), each concealed, in /metrics too."""
     lost_before = metric(srv, "personaplex_webrtc_rtp_packets_total", outcome="lost")
-    with LoopLag(srv) as lag:
+    with LoopLag(srv.loop) as lag:
         res = asyncio.run(call(srv.url, speech(3.0), token=TOKEN, tail_s=0.5, loss=loss,
                                jitter_ms=40.0, seed=int(loss * 100), blackout=(1.5, 0.5)))
     settle(srv)
@@ -187,7 +153,7 @@ def test_a_lossy_jittery_network_is_concealed_and_counted(srv, loss):
     # the clock: a frame every 80 ms whatever the network did, late by no more than its event
     # loop was held meanwhile (measured beside it: a busy machine's hold-ups are not the
     # network's); a clock that waited for the network would have stopped for the 500 ms stall
-    assert summary["clock_gap_max_ms"] <= clock_gap_bound(lag), (summary, lag.max_ms)
+    assert summary["clock_gap_max_ms"] <= lag.bound_ms(FRAME_S, PACKET_S), (summary, lag.max_ms)
     assert summary["clock_frames"] >= 3.0 / 0.08
     missing = summary["lost"] + summary["late"] + summary["discarded"]
     assert abs(missing - res.packets_dropped) <= 0.5 * res.packets_dropped + 3, summary
