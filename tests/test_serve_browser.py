@@ -24,7 +24,7 @@ import pytest
 
 pytest.importorskip("aiohttp")
 
-from bench_serve import HELLO, ServerThread  # noqa: E402
+from bench_serve import HELLO, ServerThread, wait_until  # noqa: E402
 from browser.cdp import Chromium, find_chromium  # noqa: E402
 from own_network import in_own_network  # noqa: E402
 
@@ -35,7 +35,13 @@ if find_chromium() is None:
     pytest.skip("chromium is not installed (apt-get install chromium)", allow_module_level=True)
 
 
-def test_the_page_talks_with_the_server(demo_model_dir, tmp_path):
+def test_the_page_talks_with_the_server(demo_model_dir, tmp_path, monkeypatch):
+    from personaplex_edge.runtime.serve import lifecycle
+
+    # the server's own timers for a peer that does not close (CLOSE_TIMEOUT, LINGER_SECONDS)
+    # outlast the wait for the slot after Stop: freed within it, it was freed by the close
+    monkeypatch.setattr(lifecycle, "CLOSE_TIMEOUT", 300.0)
+    monkeypatch.setattr(lifecycle, "LINGER_SECONDS", 300.0)
     shot = Path(os.environ.get("PERSONAPLEX_SCREENSHOT") or tmp_path / "serve.png")
     with ServerThread(ServeOptions(demo_model_dir, model_name="demo", port=0)) as srv:
         async def scene():
@@ -48,12 +54,15 @@ def test_the_page_talks_with_the_server(demo_model_dir, tmp_path):
                 prompt = await page.evaluate("document.getElementById('prompt').value")
                 await page.evaluate("document.getElementById('voice').value = 'NATM1'")
                 await page.evaluate("document.getElementById('connect').click()")
-                await page.wait_for("window.personaplex.handshake", timeout=20)
+                await page.wait_for("window.personaplex.handshake", timeout=60)
                 # several seconds of conversation: 5 s of answers played
                 await page.wait_for("window.personaplex.samplesAnswered >= 5 * 24000 && "
                                     "window.personaplex.dropped !== null && "
-                                    "window.personaplex.latencyMs !== null", timeout=30)
-                await asyncio.sleep(0.6)  # a figure refresh
+                                    "window.personaplex.latencyMs !== null", timeout=60)
+                # the figures shown (the page refreshes them every 250 ms of its own)
+                await page.wait_for("document.getElementById('latency').textContent"
+                                    ".endsWith(' ms') && document.getElementById('dropped')"
+                                    ".textContent !== '–'", timeout=60)
                 await page.screenshot(shot)
                 # the figures and what the page shows, read together: a text piece that
                 # arrived between two reads would make them differ
@@ -66,10 +75,8 @@ def test_the_page_talks_with_the_server(demo_model_dir, tmp_path):
                 open_sessions = [(s.params.persona.voice, s.frames_answered)
                                  for s in list(srv.state.sessions)]
                 await page.evaluate("document.getElementById('connect').click()")  # Stop
-                t0 = time.monotonic()
-                while srv.state.slots_used and time.monotonic() - t0 < 3:
-                    await asyncio.sleep(0.02)
-                freed = time.monotonic() - t0
+                freed = await asyncio.get_running_loop().run_in_executor(
+                    None, wait_until, lambda: srv.state.slots_used == 0, 60)
                 return voices, prompt, state, shown, open_sessions, freed, page.console
 
         voices, prompt, state, shown, open_sessions, freed, console = asyncio.run(scene())
@@ -91,21 +98,78 @@ def test_the_page_talks_with_the_server(demo_model_dir, tmp_path):
     assert state["dropped"] == 0 and shown["dropped"] == "0"
     assert 0 < state["latencyMs"] < 1000 and shown["latency"].endswith(" ms")
     assert state["serverFrameP99"] is not None
-    # Stop closes the session at once
-    assert freed < 2.0 and history and history[-1]["frames"] >= 60
+    # Stop closes the session: its slot freed by the close itself (the timers above out of
+    # reach), however long a busy machine takes to get there
+    assert freed and history and history[-1]["frames"] >= 60
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def _webrtc_scene(model_dir, tmp_path, *args: str) -> dict:
+# webrtc_call.py run with its server watched: the call's own timer for a peer gone quiet out of
+# reach (a slot freed in the scene's wait was freed by the hang-up, not by PEER_GONE_S), and at
+# the server's stop OUT/watched.json: how its sessions ended and its calls failed (its own
+# counts), and the gap bound its playout clock's loop allows (bench_serve.LoopLag)
+WATCHED = """
+import json, runpy, sys
+from pathlib import Path
+
+scene, out = Path(sys.argv[1]), Path(sys.argv[3])
+sys.path[:0] = [str(scene.parent.parent), str(scene.parent.parent.parent / "benchmarks")]
+import bench_serve
+from personaplex_edge.runtime.serve.webrtc import call, media
+
+call.PEER_GONE_S = 300.0
+enter, leave = bench_serve.ServerThread.__enter__, bench_serve.ServerThread.__exit__
+
+
+def watched_enter(self):
+    enter(self)
+    self.lag = bench_serve.LoopLag(self.loop).__enter__()
+    return self
+
+
+def watched_exit(self, *exc):
+    self.lag.__exit__()
+    samples = [s for f in self.state.stats.registry.collect() for s in f.samples]
+
+    def counts(name, label):
+        return {s.labels[label]: s.value for s in samples if s.name == name and s.value}
+
+    (out / "watched.json").write_text(json.dumps({
+        "ended": counts("personaplex_sessions_ended_total", "cause"),
+        "failed": counts("personaplex_webrtc_calls_failed_total", "reason"),
+        "lag_ms": self.lag.max_ms,
+        "clock_gap_bound_ms": self.lag.bound_ms(bench_serve.FRAME_S, media.PACKET_S)}))
+    return leave(self, *exc)
+
+
+bench_serve.ServerThread.__enter__, bench_serve.ServerThread.__exit__ = watched_enter, watched_exit
+sys.argv = sys.argv[1:]
+runpy.run_path(str(scene), run_name="__main__")
+"""
+
+
+def _webrtc_scene(model_dir, tmp_path, *args: str, watched: bool = False) -> dict:
     """tests/browser/webrtc_call.py (a server and Chromium) in a network of its own holding
-    only a loopback (own_network.py): its result.json."""
+    only a loopback (own_network.py): its result.json (`watched`: run as WATCHED says, its
+    watched.json as "watched")."""
     scene = Path(__file__).parent / "browser" / "webrtc_call.py"
     out = tmp_path / "scene"
-    done = subprocess.run(in_own_network([sys.executable, str(scene), str(model_dir),
-                                           str(out), *args]),
+    python = [sys.executable, "-c", WATCHED] if watched else [sys.executable]
+    done = subprocess.run(in_own_network([*python, str(scene), str(model_dir), str(out), *args]),
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads((out / "result.json").read_text())
+    result = json.loads((out / "result.json").read_text())
+    if watched:
+        result["watched"] = json.loads((out / "watched.json").read_text())
+    return result
+
+
+def _hung_up(r: dict) -> bool:
+    """The call's slot was freed by its hang-up: free when the scene's wait ended, the session
+    ended as a client's leaving does, and no call failed (the peer-gone timer out of reach, the
+    connection's consent check not the cause)."""
+    return r["slots_used"] == 0 and r["watched"]["ended"] == {"client": 1.0} and \
+        not r["watched"]["failed"]
 
 
 def test_openai_browser_quickstart_calls_the_server(demo_model_dir, tmp_path):
@@ -114,13 +178,13 @@ def test_openai_browser_quickstart_calls_the_server(demo_model_dir, tmp_path):
     offered, the SDP posted with the key as Bearer: the browser's own stats say it heard the
     answer; the channel's events are what the openai SDK's types accept; the transcript is
     `run --greedy`'s (with the key's voice) on the frames the model heard; closing the peer
-    connection frees the slot at once."""
+    connection frees the slot (the hang-up itself, not a timer)."""
     pytest.importorskip("aiortc", reason="the webrtc extra (scripts/install.sh installs it)")
     from call_tap import prefix_matches, run_pieces
     from openai.types.realtime import RealtimeServerEvent
     from pydantic import TypeAdapter
 
-    r = _webrtc_scene(demo_model_dir, tmp_path, "6")
+    r = _webrtc_scene(demo_model_dir, tmp_path, "6", watched=True)
     assert r["error"] is None and r["status"] == 201, r
     assert r["location"].startswith("/v1/realtime/calls/rtc_") and r["streams"] == 1
     heard = r["heard"]
@@ -135,8 +199,8 @@ def test_openai_browser_quickstart_calls_the_server(demo_model_dir, tmp_path):
     assert r["events"][0]["session"]["audio"]["output"]["voice"] == "NATM1"  # the key's
     transcript = "".join(e["delta"] for e in r["events"]
                          if e["type"] == "response.output_audio_transcript.delta")
-    pieces, _ = run_pieces(demo_model_dir, np.load(tmp_path / "scene" / "heard.npy"), tmp_path / "run",
-                           "--greedy", "--voice-prompt", "NATM1")
+    pieces, _ = run_pieces(demo_model_dir, np.load(tmp_path / "scene" / "heard.npy"),
+                           tmp_path / "run", "--greedy", "--voice-prompt", "NATM1")
     assert len(transcript) > 5
     # the browser's stats were read a moment before the hang-up: the transcript runs at least
     # that far (less the server's packets still in flight)
@@ -144,8 +208,10 @@ def test_openai_browser_quickstart_calls_the_server(demo_model_dir, tmp_path):
     assert prefix_matches(transcript, pieces, at_least) is not None, (transcript, "".join(pieces))
     summary = r["summary"]
     assert summary["protocol"] == "webrtc" and summary["lost"] == 0
-    assert 0 < summary["clock_gap_max_ms"] < 300
-    assert r["freed_s"] < 2.0 and r["slots_used"] == 0
+    # the model's clock: a frame per 80 ms, late by no more than its event loop was held (a
+    # busy machine's hold-ups, measured beside the call: bench_serve.LoopLag)
+    assert 0 < summary["clock_gap_max_ms"] <= r["watched"]["clock_gap_bound_ms"], r["watched"]
+    assert _hung_up(r), (r["slots_used"], r["watched"], r["freed_s"])
 
 
 def test_openai_agents_sdk_calls_the_server_over_webrtc(tmp_path):
@@ -183,15 +249,19 @@ def test_the_page_talks_over_webrtc(demo_model_dir, tmp_path):
     """The page's transport set to WebRTC (call.js): the persona chosen on the page is the
     call's, the answer is heard and its transcript shown, Stop frees the slot."""
     pytest.importorskip("aiortc", reason="the webrtc extra (scripts/install.sh installs it)")
-    r = _webrtc_scene(demo_model_dir, tmp_path, "3", "page")
+    r = _webrtc_scene(demo_model_dir, tmp_path, "3", "page", watched=True)
     page = r["page"]
     assert page["error"] is None and page["transport"] == "webrtc", r
     assert r["voices"] == ["NATM1"]  # the selector's voice, in the call's session
     assert page["samplesAnswered"] >= 3 * 24000 and page["answerEnergy"] > 0
     assert page["textPieces"] > 0 and r["shown"] == page["text"] != ""
-    assert page["latencyMs"] is not None and 0 <= page["latencyMs"] < 100  # RTT on loopback
+    # the round trip of the call's ICE pair as the browser measured it, in ms: on loopback,
+    # under 100 ms and whatever the server's event loop (which answers the checks) was held
+    # meanwhile - a busy machine's hold-ups, measured beside the call (bench_serve.LoopLag)
+    assert page["latencyMs"] is not None and \
+        0 <= page["latencyMs"] < 100 + r["watched"]["lag_ms"], (page, r["watched"])
     assert r["summary"]["protocol"] == "webrtc"
-    assert r["freed_s"] < 2.0 and r["slots_used"] == 0
+    assert _hung_up(r), (r["slots_used"], r["watched"], r["freed_s"])  # Stop hung up
 
 
 # OpenAI's browser quick-start up to its POST: what the page reads of the answer to its offer
