@@ -57,6 +57,7 @@ from .realtime_events import (MAX_EVENT_BYTES, EventError, Response, ServerEvent
                               SessionUpdate, SessionView, assistant_item, audio_bytes,
                               beta_requested, new_id, parse, parse_session_update)
 from .session import Session
+from .state import ServerState
 
 log = logging.getLogger("personaplex_edge.serve")
 
@@ -382,20 +383,13 @@ class RealtimeWire(Wire):
         state = self.state
         persona = (self._pending.persona if self._pending is not None else state.persona)
         view = {}
+        check_instructions(update)
         if update.instructions is not None:
-            if len(update.instructions) > MAX_TEXT_PROMPT_CHARS:
-                raise EventError(f"session.instructions: {len(update.instructions)} characters, "
-                                 f"over the limit of {MAX_TEXT_PROMPT_CHARS}",
-                                 param="session.instructions")
             persona = replace(persona, text_prompt=update.instructions.strip() or None)
             view["instructions"] = persona.text_prompt or ""
         if update.voice is not None and update.voice.strip():
-            try:
-                voice = state.voices.resolve(update.voice)
-            except ParamError as e:
-                if update.voice.strip().lower() not in OPENAI_VOICES:
-                    raise EventError(f"{update.voice_param}: {e.reason}",
-                                     param=update.voice_param) from None
+            voice = bank_voice(state, update)
+            if voice is None:
                 log.warning("session %d (%s, realtime): voice %r is OpenAI's, not in this "
                             "model's bank: %s speaks instead (name one of /api/voices)",
                             session.id, session.peer, update.voice,
@@ -414,6 +408,26 @@ class RealtimeWire(Wire):
         if not self._persona.done():
             self._persona.set_result(self._pending or ChatParams(self.state.sampling,
                                                                   self.state.persona))
+
+
+def check_instructions(update: SessionUpdate) -> None:
+    """EventError for instructions over MAX_TEXT_PROMPT_CHARS (a session.update's, a call's
+    starting session's: webrtc/starting.py)."""
+    if update.instructions is not None and len(update.instructions) > MAX_TEXT_PROMPT_CHARS:
+        raise EventError(f"session.instructions: {len(update.instructions)} characters, over "
+                         f"the limit of {MAX_TEXT_PROMPT_CHARS}", param="session.instructions")
+
+
+def bank_voice(state: ServerState, update: SessionUpdate) -> str | None:
+    """The voice the update names, from this server's bank or --voice-dir; None for one of
+    OpenAI's own (the server's voice speaks instead); EventError for any other."""
+    try:
+        return state.voices.resolve(update.voice)
+    except ParamError as e:
+        if update.voice.strip().lower() not in OPENAI_VOICES:
+            raise EventError(f"{update.voice_param}: {e.reason}",
+                             param=update.voice_param) from None
+        return None
 
 
 async def realtime(request: web.Request) -> web.StreamResponse:

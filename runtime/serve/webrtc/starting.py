@@ -19,9 +19,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...pcm_frames import PCM16
-from ..params import MAX_TEXT_PROMPT_CHARS, ParamError
-from ..realtime import OPENAI_VOICES
-from ..realtime_events import EventError, SessionUpdate, SessionView, new_id, parse_session_update
+from ..params import ParamError
+from ..realtime import bank_voice, check_instructions
+from ..realtime_events import SessionUpdate, SessionView, new_id, parse_session_update
 from ..state import ServerState
 
 
@@ -29,16 +29,9 @@ def check_start(state: ServerState, session: dict) -> SessionUpdate:
     """The session's fields as a call reads them; EventError naming the first one a call
     would refuse."""
     update = parse_session_update({"type": "session.update", "session": session})
-    if update.instructions is not None and len(update.instructions) > MAX_TEXT_PROMPT_CHARS:
-        raise EventError(f"session.instructions: {len(update.instructions)} characters, over "
-                         f"the limit of {MAX_TEXT_PROMPT_CHARS}", param="session.instructions")
+    check_instructions(update)
     if update.voice is not None and update.voice.strip():
-        try:
-            state.voices.resolve(update.voice)
-        except ParamError as e:
-            if update.voice.strip().lower() not in OPENAI_VOICES:
-                raise EventError(f"{update.voice_param}: {e.reason}",
-                                 param=update.voice_param) from None
+        bank_voice(state, update)
     return update
 
 
