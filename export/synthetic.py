@@ -63,13 +63,24 @@ def random_lm_tensors(cfg: PersonaPlexConfig, seed: int = 0) -> dict[str, torch.
     """Every LM tensor of the published layout, random (bf16, as the real file stores them)."""
     from .lm import expected_lm_tensors
 
-    gen = torch.Generator().manual_seed(seed + 2)
+    return _random_lm_layout(expected_lm_tensors(cfg), seed + 2)
+
+
+def _random_lm_layout(shapes: dict[str, tuple], seed: int,
+                      scale: dict[str, float] | None = None) -> dict[str, torch.Tensor]:
+    """Random bf16 tensors of a moshi-layout LM's `shapes`: norm gains 1, embedding rows of
+    unit variance, linear layers [out, in] with rows of unit norm - or, for a key starting
+    with one of `scale`'s prefixes, unit variance times that scale over sqrt(in)."""
+    gen = torch.Generator().manual_seed(seed)
     out = {}
-    for key, shape in sorted(expected_lm_tensors(cfg).items()):
+    for key, shape in sorted(shapes.items()):
+        prefix = next((p for p in scale or {} if key.startswith(p)), None)
         if key.endswith(".alpha"):
             t = torch.ones(shape)
         elif "emb" in key.split(".")[0]:
             t = torch.randn(shape, generator=gen)
+        elif prefix is not None:
+            t = torch.randn(shape, generator=gen) * scale[prefix] / shape[-1] ** 0.5
         else:  # a linear layer [out, in]
             t = torch.randn(shape, generator=gen) / shape[-1] ** 0.5
         out[key] = t.to(torch.bfloat16)
@@ -183,19 +194,9 @@ def random_transcriber_tensors(cfg: TranscriberConfig, seed: int = 0) -> dict[st
     then: a random transcriber whose turns end."""
     from .transcriber import VAD_KEY, expected_transcriber_tensors
 
-    gen = torch.Generator().manual_seed(seed + 4)
-    out = {}
-    for key, shape in sorted(expected_transcriber_tensors(cfg).items()):
-        if key.endswith(".alpha"):
-            t = torch.ones(shape)
-        elif "emb" in key.split(".")[0]:
-            t = torch.randn(shape, generator=gen)
-        elif key.startswith(VAD_KEY.split(".")[0]):  # normed hidden of unit rms: std * sqrt(D)
-            t = torch.randn(shape, generator=gen) * VAD_LOGIT_STD / shape[-1] ** 0.5
-        else:  # a linear layer [out, in]
-            t = torch.randn(shape, generator=gen) / shape[-1] ** 0.5
-        out[key] = t.to(torch.bfloat16)
-    return out
+    # the heads read a normed hidden state of unit rms: logits of std VAD_LOGIT_STD
+    return _random_lm_layout(expected_transcriber_tensors(cfg), seed + 4,
+                             {VAD_KEY.split(".")[0]: VAD_LOGIT_STD})
 
 
 def write_synthetic_transcriber(raw: dict, root: str | Path, mimi_file: Path,

@@ -13,40 +13,20 @@ import asyncio
 import json
 import os
 import sys
-import time
 
 import aiohttp
-import numpy as np
-from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCPeerConnection
 from aiortc.contrib.media import MediaPlayer
+from listening import converse, hear
 
 
 async def main(url: str, wav: str, seconds: float) -> dict:
     pc = RTCPeerConnection()
     pc.addTrack(MediaPlayer(wav, loop=True).audio)
-    events, heard = [], {"samples": 0, "energy": 0.0}
+    events = []
     channel = pc.createDataChannel("oai-events")
     channel.on("message", lambda message: events.append(json.loads(message)))
-    answering, ended = asyncio.Event(), asyncio.Event()
-
-    @pc.on("connectionstatechange")
-    def on_state() -> None:
-        if pc.connectionState in ("failed", "closed"):
-            ended.set()
-
-    @pc.on("track")
-    def on_track(track) -> None:
-        async def listen() -> None:
-            while True:
-                try:
-                    frame = await track.recv()
-                except Exception:  # the call ended
-                    return
-                pcm = frame.to_ndarray().astype(np.float32) / 32768.0
-                heard["samples"] += frame.samples
-                heard["energy"] += float(np.square(pcm).sum())
-                answering.set()
-        asyncio.ensure_future(listen())
+    heard, answering, ended = hear(pc)
 
     await pc.setLocalDescription(await pc.createOffer())
     async with aiohttp.ClientSession() as http:
@@ -59,17 +39,7 @@ async def main(url: str, wav: str, seconds: float) -> dict:
     if status != 201:
         await pc.close()
         return {**out, "error": answer}
-    await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
-    t0 = time.monotonic()
-    waits = [asyncio.ensure_future(answering.wait()), asyncio.ensure_future(ended.wait())]
-    await asyncio.wait(waits, timeout=60, return_when=asyncio.FIRST_COMPLETED)
-    for wait in waits:
-        wait.cancel()
-    out["connected_s"] = time.monotonic() - t0 if answering.is_set() else None
-    out["state"] = pc.connectionState
-    if answering.is_set():
-        await asyncio.sleep(seconds)  # the conversation
-    await pc.close()
+    out.update(await converse(pc, answer, answering, ended, seconds))
     return {**out, "answer": answer, "heard": heard, "events": events}
 
 

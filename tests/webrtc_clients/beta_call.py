@@ -16,13 +16,12 @@ import asyncio
 import json
 import os
 import sys
-import time
 
 import aiohttp
-import numpy as np
 import openai
-from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCPeerConnection
 from aiortc.contrib.media import MediaPlayer
+from listening import converse, hear
 
 MODEL = "gpt-4o-realtime-preview-2024-12-17"
 
@@ -39,7 +38,7 @@ def backend(url: str) -> dict:
 async def page(url: str, key: str, wav: str, seconds: float) -> dict:
     pc = RTCPeerConnection()
     pc.addTrack(MediaPlayer(wav, loop=True).audio)
-    events, heard = [], {"samples": 0, "energy": 0.0}
+    events = []
     dc = pc.createDataChannel("oai-events")
     dc.on("message", lambda message: events.append(json.loads(message)))
 
@@ -48,26 +47,7 @@ async def page(url: str, key: str, wav: str, seconds: float) -> dict:
         dc.send(json.dumps({"type": "session.update", "session": {
             "instructions": "Be brief.", "input_audio_format": "pcm16"}}))
 
-    answering, ended = asyncio.Event(), asyncio.Event()
-
-    @pc.on("connectionstatechange")
-    def on_state() -> None:
-        if pc.connectionState in ("failed", "closed"):
-            ended.set()
-
-    @pc.on("track")
-    def on_track(track) -> None:
-        async def listen() -> None:
-            while True:
-                try:
-                    frame = await track.recv()
-                except Exception:  # the call ended
-                    return
-                pcm = frame.to_ndarray().astype(np.float32) / 32768.0
-                heard["samples"] += frame.samples
-                heard["energy"] += float(np.square(pcm).sum())
-                answering.set()
-        asyncio.ensure_future(listen())
+    heard, answering, ended = hear(pc)
 
     await pc.setLocalDescription(await pc.createOffer())
     async with aiohttp.ClientSession() as http:
@@ -79,17 +59,7 @@ async def page(url: str, key: str, wav: str, seconds: float) -> dict:
     if status != 201:
         await pc.close()
         return {**out, "error": answer}
-    await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
-    t0 = time.monotonic()
-    waits = [asyncio.ensure_future(answering.wait()), asyncio.ensure_future(ended.wait())]
-    await asyncio.wait(waits, timeout=60, return_when=asyncio.FIRST_COMPLETED)
-    for wait in waits:
-        wait.cancel()
-    out["connected_s"] = time.monotonic() - t0 if answering.is_set() else None
-    out["state"] = pc.connectionState
-    if answering.is_set():
-        await asyncio.sleep(seconds)  # the conversation
-    await pc.close()
+    out.update(await converse(pc, answer, answering, ended, seconds))
     return {**out, "heard": heard, "events": events}
 
 
