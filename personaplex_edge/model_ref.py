@@ -28,8 +28,9 @@ from .user_cache import user_cache_dir
 
 # What a built-in model holds, as export/synthetic.py makes it: bumped when that changes, so a
 # built-in exported by an older version is exported again instead of used (2: the voice bank's
-# published names, NATF0-3, NATM0-3, VARF0-4, VARM0-4; 3: the demo's transcriber)
-BUILTIN_RECIPE = "3"
+# published names, NATF0-3, NATM0-3, VARF0-4, VARM0-4; 3: the demo's transcriber; 4: graphs
+# whose int64 side a WebGPU adapter runs, so the codec and depformer capture)
+BUILTIN_RECIPE = "4"
 RECIPE_FILE = ".builtin-recipe"
 
 
