@@ -122,7 +122,7 @@ def plain_model_dir() -> Path:
 
 @functools.lru_cache(maxsize=None)
 def builtin_demo_dir() -> Path:
-    """The built-in demo model as `--model demo` makes it on first use (into this session's
+    """The built-in demo model as `--model demo` makes it on first use (into the test run's
     per-user cache, tests/conftest.py): with its transcriber of random weights. (Tests that
     need no transcriber, or a model without one, take conftest.py's demo_model_dir: its
     PersonaPlex alone.)"""

@@ -700,7 +700,7 @@ def test_metrics_and_history_count_a_realtime_session_as_a_chat_one(greedy_serve
         return float(re.search(r"^personaplex_frames_total (\S+)$", text, re.M).group(1))
 
     # the sessions of the tests before it closed and counted first (one that read only its
-    # first answer may still be ending): the next summary is this session's
+    # first answer may still be ending): the next summary is the one this test opens
     assert wait_until(lambda: greedy_server.state.slots_used == 0)
     before, counted = len(greedy_server.history()), frames_total()
     r = asyncio.run(talk_realtime(greedy_server.url, speech(1.0), session={}, pace=None,

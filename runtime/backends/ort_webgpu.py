@@ -95,7 +95,7 @@ class OrtWebGpuModelGraph:
         check_signature(entry, self.session)
 
     def graph_ids(self) -> tuple[int, int]:
-        """A pair of capture ids no other conversation on this session uses."""
+        """A pair of capture ids no other conversation on the shared session uses."""
         return next(self._graph_ids), next(self._graph_ids)
 
     def bind(self) -> "OrtWebGpuGraph":
