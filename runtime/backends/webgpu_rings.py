@@ -137,13 +137,13 @@ class RingWriter:
                 binding.bind_ortvalue_output(f"ring_out.{i}", self.rings[i])
         return binding
 
-    def _fill_slots(self, positions: dict[str, np.ndarray], count: int,
-                    out: list[np.ndarray]) -> None:
-        """Each group's index tensor: slot (p[b] + r) % T for every (b, h, r, d)."""
+    def _fill_slots(self, positions: dict[str, np.ndarray], out: list[np.ndarray]) -> None:
+        """Each group's index tensor `out[g]` ([B, H, R, Dh]): slot (p[b] + r) % T for every
+        (b, h, r, d), R its own rows."""
         for g, (key, members) in enumerate(self._groups):
             capacity = self.specs[members[0]].capacity
             p = np.asarray(positions[key[0]], np.int64).reshape(-1, 1, 1, 1)
-            r = np.arange(count, dtype=np.int64).reshape(1, 1, -1, 1)
+            r = np.arange(out[g].shape[2], dtype=np.int64).reshape(1, 1, -1, 1)
             np.copyto(out[g], (p + r) % capacity, casting="unsafe")
 
     def write(self, positions: dict[str, np.ndarray], active: list[int] | None) -> None:
@@ -153,7 +153,7 @@ class RingWriter:
             if active is not None and len(active) < self.specs[0].shape[0]:
                 self._write_held(positions, active)
                 return
-            self._fill_slots(positions, self.specs[0].rows_shape[2], self._slots)
+            self._fill_slots(positions, self._slots)
             for dev, host in zip(self._dev_slots, self._slots):
                 dev.update_inplace(host)
             self._session.run_with_iobinding(self._binding, self._run_options)
@@ -167,7 +167,7 @@ class RingWriter:
             binding = self._bind(session, self.rows, self._dev_slots, masks)
             self._held = (session, binding, masks)
         session, binding, masks = self._held
-        self._fill_slots(positions, self.specs[0].rows_shape[2], self._slots)
+        self._fill_slots(positions, self._slots)
         for dev, host in zip(self._dev_slots, self._slots):
             dev.update_inplace(host)
         write = np.zeros(masks[0].shape(), np.bool_)
@@ -188,7 +188,7 @@ class RingWriter:
             session = ort.InferenceSession(ring_write_model(self.specs, hold, rows=count),
                                            self._options(False))
         slots = [np.zeros((*key[1][:2], count, key[1][3]), np.int32) for key, _ in self._groups]
-        self._fill_slots(positions, count, slots)
+        self._fill_slots(positions, slots)
         masks = None
         if hold:
             write = np.zeros((self.specs[0].shape[0], 1, 1, 1), np.bool_)
