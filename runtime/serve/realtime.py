@@ -1,7 +1,7 @@
 """`GET /v1/realtime` (and `/v1/duplex`, vllm-omni's name for it): the OpenAI Realtime protocol
 (realtime_events.py) on the shared session flow (lifecycle.py), so voice-agent frameworks
 (the openai SDK, pipecat, LiveKit) can talk to a local PersonaPlex. The query (`model`,
-`duplex`, ...) is accepted and ignored. A WebRTC call (webrtc_call.py) runs this same session
+`duplex`, ...) is accepted and ignored. A WebRTC call (webrtc/call.py) runs this same session
 on its data channel, its audio on an RTP track instead of in the events.
 
     session.created at once  ->  the persona: the instructions and voice of the session.update
@@ -169,7 +169,7 @@ class RealtimeSession(Session):
 
     def send_audio(self, pcm: np.ndarray) -> None:
         """One answer frame's audio to the client: an audio delta of the open response (a
-        call sends it on its RTP track instead: webrtc_call.py)."""
+        call sends it on its RTP track instead: webrtc/call.py)."""
         self.send(self.events.audio_delta(self.response, pcm16_bytes(pcm)))
 
     def add_assistant_text(self, text: str) -> None:

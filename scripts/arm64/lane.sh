@@ -151,8 +151,8 @@ say "installed: $(in_root "$SRC/.venv/bin/python" -c 'import platform, onnxrunti
 # imported as a call imports it (an Opus track's codec made and one packet through it)
 in_root "$SRC/.venv/bin/python" -c '
 import aiortc, av
-from personaplex_edge.runtime.serve import webrtc_call, webrtc_media
-track = webrtc_media.AnswerTrack(24000)
+from personaplex_edge.runtime.serve.webrtc import call, media
+track = media.AnswerTrack(24000)
 print("webrtc: aiortc", aiortc.__version__, "av", av.__version__)' >"$WORK/webrtc.log" 2>&1 ||
     { cat "$WORK/webrtc.log"; die "the webrtc extra does not import on the board"; }
 say "$(tail -1 "$WORK/webrtc.log")"
