@@ -141,6 +141,15 @@ class OrtWebGpuGraph(BoundGraph):
                 opts.add_run_config_entry("gpu_graph_id", str(ids[parity]))
             self._run_options.append(opts)
         self._turn = 0
+        # the host mirror of each ring position held in a state tensor (Mimi's step counter)
+        states = {s.name for s in entry.state}
+        self._rows_per_call = {r.position: r.rows for r in entry.rings
+                               if r.position.removeprefix(STATE_INPUT_PREFIX) in states}
+        if any(r.rows != self._rows_per_call.get(r.position, r.rows) for r in entry.rings):
+            raise ModelDirError(f"{entry.file}: rings sharing a position write different rows "
+                                "per call")
+        self._mirrors = {name: np.zeros(self.batch, np.int64) for name in self._rows_per_call}
+        self._positions_changed()
 
     def _bind(self, read: int, write: int):
         binding = self._session.io_binding()
@@ -167,15 +176,29 @@ class OrtWebGpuGraph(BoundGraph):
 
     def _positions(self) -> dict[str, np.ndarray]:
         """Each ring position's [B] values before the call: a host input as it is, a state
-        tensor (Mimi's step counter) read from the set the call reads."""
-        out = {}
-        for name in {r.position for r in self.entry.rings}:
-            if name in self.inputs:
-                out[name] = self.inputs[name].reshape(-1).copy()
-            else:
-                state = name.removeprefix(STATE_INPUT_PREFIX)
-                out[name] = self._state[self._turn][state].numpy().reshape(-1)
+        tensor (Mimi's step counter) from its host mirror."""
+        out = {name: self.inputs[name].reshape(-1).copy()
+               for name in {r.position for r in self.entry.rings} if name in self.inputs}
+        out.update({name: mirror.copy() for name, mirror in self._mirrors.items()})
         return out
+
+    def _positions_changed(self) -> None:
+        """State written from outside (reset, set_state, held rows put back): each position
+        state read back into its mirror, the one read of the adapter this takes."""
+        with ADAPTER_LOCK:
+            for name, mirror in self._mirrors.items():
+                state = name.removeprefix(STATE_INPUT_PREFIX)
+                np.copyto(mirror, self._state[self._turn][state].numpy().reshape(-1))
+
+    def _advance_positions(self, active: list[int] | None) -> None:
+        """After a call: a position state moves on by its ring's rows (the ring contract: the
+        next call's first row follows this call's last), so no frame reads it back."""
+        for name, mirror in self._mirrors.items():
+            steps = self._rows_per_call[name]
+            if active is None:
+                mirror += steps
+            else:
+                mirror[active] += steps
 
     def _call(self, active: list[int] | None) -> None:
         with ADAPTER_LOCK:
@@ -193,6 +216,7 @@ class OrtWebGpuGraph(BoundGraph):
         self._session.run_with_iobinding(binding, self._run_options[self._turn])
         if self._rings is not None:
             self._rings.write(positions, active)
+            self._advance_positions(active)
         if self._capture:
             for name, value in self._dev_out.items():
                 np.copyto(self.outputs[name], value.numpy())
