@@ -350,19 +350,26 @@ class LoopLag:
     """`with LoopLag(srv.loop) as lag:` how late that event loop ran its timers meanwhile: a
     timer due every 10 ms on it, `lag.max_ms` the latest one ran (a busy machine, another
     thread holding the interpreter). A clock that steps on the same loop is late by as much,
-    so a bound on its gaps is its period plus this, whatever the machine (`bound_ms`)."""
+    so a bound on its gaps is its period plus this, whatever the machine (`bound_ms`).
+
+    `skip_after_s`: the probe keeps a fixed grid as a clock that catches up does (its steps
+    due at start + k * 10 ms), skipping to now only once it is that far behind, so a loop
+    busy for a while shows the lateness such a clock piles up before it skips, not just the
+    longest single hold-up; 0, each step is due 10 ms after the last one ran."""
 
     EVERY_S = 0.01
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    def __init__(self, loop: asyncio.AbstractEventLoop, skip_after_s: float = 0.0):
         self.loop = loop
+        self.skip_after_s = skip_after_s
         self.max_ms = 0.0
         self._on = False
 
     def _tick(self, due: float) -> None:
-        self.max_ms = max(self.max_ms, 1000.0 * (self.loop.time() - due))
+        now = self.loop.time()
+        self.max_ms = max(self.max_ms, 1000.0 * (now - due))
         if self._on:
-            due = self.loop.time() + self.EVERY_S
+            due = due + self.EVERY_S if now - due <= self.skip_after_s else now + self.EVERY_S
             self.loop.call_at(due, self._tick, due)
 
     def __enter__(self) -> "LoopLag":
@@ -375,8 +382,9 @@ class LoopLag:
 
     def bound_ms(self, period_s: float, step_s: float) -> float:
         """The longest gap (ms) between two events of a clock on this loop that makes one every
-        `period_s` in timer steps of `step_s`: the period, two steps (this probe's 10 ms
-        between looks, the steps' own work) and the longest hold-up seen."""
+        `period_s` in timer steps of `step_s` (and skips as `skip_after_s` says): the period,
+        two steps (this probe's 10 ms between looks, the steps' own work) and the latest the
+        probe ran."""
         return 1000.0 * (period_s + 2 * step_s) + self.max_ms
 
 

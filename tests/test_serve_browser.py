@@ -123,7 +123,7 @@ enter, leave = bench_serve.ServerThread.__enter__, bench_serve.ServerThread.__ex
 
 def watched_enter(self):
     enter(self)
-    self.lag = bench_serve.LoopLag(self.loop).__enter__()
+    self.lag = bench_serve.LoopLag(self.loop, media.MAX_CLOCK_LAG_S).__enter__()
     return self
 
 

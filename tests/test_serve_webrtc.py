@@ -32,7 +32,8 @@ from personaplex_edge.runtime.sampling import SamplingParams  # noqa: E402
 from personaplex_edge.runtime.serve import ServeOptions, libopus  # noqa: E402
 from personaplex_edge.runtime.serve.webrtc import routes as webrtc_route  # noqa: E402
 from personaplex_edge.runtime.serve.webrtc.jitter import SNAP_MS, JitterBuffer  # noqa: E402
-from personaplex_edge.runtime.serve.webrtc.media import PACKET_S  # noqa: E402
+from personaplex_edge.runtime.serve.webrtc.media import (  # noqa: E402
+    MAX_CLOCK_LAG_S, PACKET_S)
 
 TOKEN = "s3cret"
 APP = "http://app.example:3000"
@@ -83,7 +84,7 @@ def test_a_call_is_answered_as_run_greedy_answers(srv, demo_model_dir, tmp_path)
     udp_before = udp_sockets()
     tap = ModelInput(srv)
     try:
-        with LoopLag(srv.loop) as lag:
+        with LoopLag(srv.loop, MAX_CLOCK_LAG_S) as lag:
             res = asyncio.run(call(srv.url, speech(4.0), token=TOKEN, tail_s=1.0, session={
                 "type": "realtime", "instructions": prompt,
                 "audio": {"output": {"voice": "NATM1"}}}))
@@ -140,7 +141,7 @@ def test_a_lossy_jittery_network_is_concealed_and_counted(srv, loss):
     never waits (no gap near the stall's length), the server's lost + late count is the
     client's drop count (give or take the reordered), each concealed, in /metrics too."""
     lost_before = metric(srv, "personaplex_webrtc_rtp_packets_total", outcome="lost")
-    with LoopLag(srv.loop) as lag:
+    with LoopLag(srv.loop, MAX_CLOCK_LAG_S) as lag:
         res = asyncio.run(call(srv.url, speech(3.0), token=TOKEN, tail_s=0.5, loss=loss,
                                jitter_ms=40.0, seed=int(loss * 100), blackout=(1.5, 0.5)))
     settle(srv)
