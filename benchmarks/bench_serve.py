@@ -347,19 +347,19 @@ def wait_until(condition, timeout: float = 60.0) -> bool:
 
 # -- the server in a thread -----------------------------------------------------------------------
 class LoopLag:
-    """`with LoopLag(srv.loop) as lag:` how late that event loop ran its timers meanwhile: a
+    """`with LoopLag(srv.loop, skip_after_s) as lag:` how late that event loop ran its timers meanwhile: a
     timer due every 10 ms on it, `lag.max_ms` the latest one ran (a busy machine, another
     thread holding the interpreter). A clock that steps on the same loop is late by as much,
     so a bound on its gaps is its period plus this, whatever the machine (`bound_ms`).
 
-    `skip_after_s`: the probe keeps a fixed grid as a clock that catches up does (its steps
-    due at start + k * 10 ms), skipping to now only once it is that far behind, so a loop
-    busy for a while shows the lateness such a clock piles up before it skips, not just the
-    longest single hold-up; 0, each step is due 10 ms after the last one ran."""
+    `skip_after_s`, the clock's own rule (serve/webrtc/media.MAX_CLOCK_LAG_S): the probe keeps
+    a fixed grid as a clock that catches up does (its steps due at start + k * 10 ms),
+    skipping to now only once it is that far behind, so a loop busy for a while shows the
+    lateness such a clock piles up before it skips, not just the longest single hold-up."""
 
     EVERY_S = 0.01
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, skip_after_s: float = 0.0):
+    def __init__(self, loop: asyncio.AbstractEventLoop, skip_after_s: float):
         self.loop = loop
         self.skip_after_s = skip_after_s
         self.max_ms = 0.0
